@@ -1,0 +1,1 @@
+"""Model code: config, MLA, Gated DeltaNet, hybrid model, caches, checkpoint I/O."""

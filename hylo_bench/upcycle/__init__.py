@@ -1,0 +1,1 @@
+"""upcycle subpackage."""
