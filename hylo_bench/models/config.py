@@ -201,6 +201,7 @@ class HyLoConfig(PretrainedConfig):
         self.base_config = dict(base_config or {})
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        self.mlp_bias = False  # SwiGLU without biases (Llama, Qwen3)
         kwargs.pop("num_hidden_layers", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         self._validate()

@@ -1,1 +1,11 @@
-"""reports subpackage."""
+"""Results store readers and the HTML report: RULER result files and upcycle manifests to pandas and plotly.
+
+Never imports torch.
+"""
+
+from hylo_bench.reports.report import build_report, write_tables
+from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
+
+__all__ = [
+    "build_report", "load_manifests", "load_results", "models_table", "ruler_means", "task_tables", "write_tables",
+]

@@ -1,0 +1,134 @@
+"""The ``hylo-bench`` command line (typer). Each command builds a config and calls one public function.
+
+A model argument is a hub id, a local checkpoint directory, or ``demo`` (the embedded teacher).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Upcycle Transformers into HyLo hybrids (MLA + Gated DeltaNet) and benchmark them.")
+console = Console(stderr=True)
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[bold red]error:[/] {e}")
+    raise typer.Exit(2)
+
+
+def _int_list(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: expected comma-separated layer indices, e.g. 1,5,9") from None
+
+
+@app.command()
+def upcycle(
+    out: Path = typer.Option(..., "--out", help="Output directory (resumes if it holds an earlier run)."),
+    base: str = typer.Option("demo", "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo'."),
+    teacher: Optional[str] = typer.Option(None, "--teacher", help="Distillation teacher (default: the base)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement)."),
+    mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
+    data: str = typer.Option("demo", "--data", help="'demo', or a .txt/.jsonl file or directory."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
+    tokens_per_stage: str = typer.Option("1M", "--tokens-per-stage", help="Budget for stages without @TOKENS."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per micro-batch."),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
+    ild_lr: float = typer.Option(2e-4, "--ild-lr"),
+    kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 1e-3 for the demo."),
+    kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank"),
+    q_lora_rank: Optional[int] = typer.Option(None, "--q-lora-rank"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    seed: int = typer.Option(42, "--seed"),
+) -> None:
+    """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
+    from hylo_bench.upcycle.run import DEMO_STAGES, UpcycleConfig, run
+    from hylo_bench.upcycle.stages import parse_token_count
+
+    try:
+        demo = base == "demo"
+        cfg = UpcycleConfig(out=str(out), base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers),
+                            data=data, stages=stages or (DEMO_STAGES if demo else "2k:ild,8k"),
+                            tokens_per_stage=parse_token_count(tokens_per_stage), batch_size=batch_size,
+                            grad_accum=grad_accum, ild_lr=ild_lr, kd_lr=kd_lr or (1e-3 if demo else 6e-5),
+                            device=device, seed=seed,
+                            mixer_overrides={"kv_lora_rank": kv_lora_rank, "q_lora_rank": q_lora_rank})
+        manifest = run(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"[green]student saved to {out}[/] (held-out KL {manifest['kl_init']:.3f} -> "
+                  f"{manifest['stages'][-1].get('kl_after', float('nan')):.3f} nats/token)")
+
+
+@app.command()
+def ruler(
+    model: Optional[str] = typer.Option(None, "--model", help="Hub id, local dir or 'demo'."),
+    lengths: str = typer.Option("4k", "--lengths", help="Comma-separated context lengths (k = 1024)."),
+    tasks: str = typer.Option("all", "--tasks", help="'all' or comma-separated task names."),
+    samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
+    seed: int = typer.Option(42, "--seed"),
+    results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
+    haystack: Optional[Path] = typer.Option(None, "--haystack", help="Text file for the essay haystack."),
+    batch_size: int = typer.Option(1, "--batch-size"),
+    chat_template: bool = typer.Option(False, "--chat-template/--no-chat-template"),
+    device: Optional[str] = typer.Option(None, "--device"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores."),
+    list_tasks: bool = typer.Option(False, "--list-tasks", help="Print the task names and exit."),
+) -> None:
+    """Score a model on RULER tasks at the given context lengths."""
+    from hylo_bench.tasks import ruler as R
+    from hylo_bench.upcycle.stages import parse_length
+
+    if list_tasks:
+        typer.echo("\n".join(R.list_tasks()))
+        return
+    if model is None:
+        _fail(ValueError("--model is required (hub id, local dir or 'demo')"))
+    try:
+        cfg = R.RulerConfig(model=model, lengths=[parse_length(x) for x in lengths.split(",") if x.strip()],
+                            tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",")],
+                            samples=samples, seed=seed, results_dir=str(results_dir),
+                            haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
+                            chat_template=chat_template, device=device)
+        result = R.run(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+@app.command()
+def report(
+    results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output"),
+    title: Optional[str] = typer.Option(None, "--title"),
+) -> None:
+    """Write one self-contained HTML report from a results directory."""
+    from hylo_bench.reports import build_report
+
+    try:
+        path = build_report(results_dir, output, title=title)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"[green]report written to {path}[/]")
+
+
+if __name__ == "__main__":
+    app()

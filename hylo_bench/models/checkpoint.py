@@ -1,0 +1,210 @@
+"""Checkpoint I/O in the released HyLo layout (checkpoint-format.md §2, §4): save, strict load, resolution.
+
+Files: ``config.json`` (the base model's HF config), ``hybrid_config.json``, ``model.safetensors`` (one merged
+state dict; sharded ``model-*.safetensors`` + index and ``pytorch_model.bin`` are read too). Loading is strict:
+every mismatch is collected and reported at once, before any weight is materialised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as safetensors_save
+
+from hylo_bench.io_utils import atomic_write_bytes
+from hylo_bench.models.config import HYBRID_CONFIG_NAME, HyLoConfig
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "model.safetensors"
+INFERENCE_ONLY_SUFFIXES = (".wk_b", ".wv_b")  # Zebra-Llama inference buffers, never saved (§2 rule 4)
+GDN_SIGNATURE = ("A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "g_proj.weight",
+                 "o_norm.weight")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's tensors disagree with the architecture its config describes (lists every key)."""
+
+
+def resolve_checkpoint_dir(spec: str | Path) -> Path:
+    """Local directory of a checkpoint given a local path, ``demo``, or a Hugging Face hub id.
+
+    Hub ids are looked up in the local HF cache first (works offline), then downloaded.
+
+    Raises:
+        FileNotFoundError: when the spec is neither an existing directory nor a resolvable hub id.
+    """
+    if str(spec) == "demo":
+        from hylo_bench.models.loading import demo_teacher_dir
+
+        return demo_teacher_dir()
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise FileNotFoundError(f"{p}: is a file; expected a checkpoint directory (config.json, weights, tokenizer)")
+    if str(spec).count("/") != 1 or str(spec).startswith((".", "/")):
+        raise FileNotFoundError(f"{spec}: no such directory, and not a hub id of the form 'org/name'")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(spec), local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache: try the network next
+        pass
+    try:
+        return Path(snapshot_download(str(spec)))
+    except Exception as e:  # noqa: BLE001
+        raise FileNotFoundError(f"{spec}: not a local directory, not in the Hugging Face cache, and the hub "
+                                f"download failed ({type(e).__name__}: {e}). Download it on a machine with "
+                                f"network access (huggingface-cli download {spec}) and pass the local path.") from e
+
+
+def _weight_files(d: Path) -> list[Path]:
+    if (d / WEIGHTS_NAME).is_file():
+        return [d / WEIGHTS_NAME]
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [f for f in files if not (d / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index}: lists shard(s) {missing} that are not in {d}")
+        return [d / f for f in files]
+    if (d / "pytorch_model.bin").is_file():
+        return [d / "pytorch_model.bin"]
+    raise FileNotFoundError(f"{d}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def read_tensor_shapes(d: Path) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Names and shapes of every stored tensor without reading the data (safetensors headers).
+
+    Raises:
+        ValueError: naming the file when a safetensors file is truncated or corrupt.
+    """
+    out: dict[str, tuple[tuple[int, ...], Path]] = {}
+    for f in _weight_files(d):
+        if f.suffix == ".bin":
+            sd = torch.load(f, map_location="meta", weights_only=True)
+            out.update({k: (tuple(v.shape), f) for k, v in sd.items()})
+            continue
+        try:
+            with safe_open(f, framework="pt") as fh:
+                for k in fh.keys():
+                    out[k] = (tuple(fh.get_slice(k).get_shape()), f)
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types
+            raise ValueError(f"{f}: cannot read safetensors header ({type(e).__name__}: {e}); the file is "
+                             f"truncated or corrupt - re-download or re-export it") from e
+    return out
+
+
+def _canonical_key(key: str, gdn_attr: dict[int, str]) -> str:
+    parts = key.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
+        attr = gdn_attr.get(int(parts[2]))
+        if attr and parts[3] == attr:
+            parts[3] = "gdn"
+    return ".".join(parts)
+
+
+def _detect_gdn_attrs(keys: list[str]) -> dict[int, str]:
+    """Layer index -> attribute holding a GDN mixer, found by fla's signature keys (§4.4)."""
+    by_attr: dict[tuple[int, str], set[str]] = {}
+    for k in keys:
+        parts = k.split(".")
+        if len(parts) > 4 and parts[:2] == ["model", "layers"]:
+            by_attr.setdefault((int(parts[2]), parts[3]), set()).add(".".join(parts[4:]))
+    return {i: a for (i, a), names in by_attr.items() if all(s in names for s in GDN_SIGNATURE)}
+
+
+def check_compatible(model: torch.nn.Module, stored: dict[str, tuple[tuple[int, ...], Path]], where: str) -> dict:
+    """Compare stored names/shapes with ``model``'s; return stored-name -> model-name mapping.
+
+    Raises:
+        CheckpointMismatchError: listing every missing, unexpected and mis-shaped key with both shapes.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    gdn_attr = _detect_gdn_attrs(list(stored))
+    mapping, dropped = {}, []
+    for k in stored:
+        if k.endswith(INFERENCE_ONLY_SUFFIXES):
+            dropped.append(k)
+            continue
+        mapping[k] = _canonical_key(k, gdn_attr)
+    if dropped:
+        logger.warning("%s: dropping %d inference-only buffers (%s ...)", where, len(dropped), dropped[0])
+    present = set(mapping.values())
+    if "lm_head.weight" in expected and "lm_head.weight" not in present and "model.embed_tokens.weight" in present:
+        logger.warning("%s: no lm_head.weight; tied export - using model.embed_tokens.weight for the head", where)
+        mapping["model.embed_tokens.weight#tied"] = "lm_head.weight"
+        stored = dict(stored)
+        stored["model.embed_tokens.weight#tied"] = stored["model.embed_tokens.weight"]
+        present.add("lm_head.weight")
+    problems = [f"missing key {k} (expected shape {list(s)})" for k, s in expected.items() if k not in present]
+    for src, dst in mapping.items():
+        if dst not in expected:
+            problems.append(f"unexpected key {src} (shape {list(stored[src][0])})")
+        elif tuple(stored[src][0]) != expected[dst]:
+            problems.append(f"wrong shape for {src}: expected {list(expected[dst])}, found {list(stored[src][0])}")
+    if problems:
+        raise CheckpointMismatchError(f"{where}: checkpoint does not match hybrid_config.json "
+                                      f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+    return mapping
+
+
+def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, device: str | torch.device = "cpu"):
+    """Load a HyLo checkpoint strictly.
+
+    Args:
+        spec: local directory, ``demo`` or hub id (see :func:`resolve_checkpoint_dir`).
+        dtype: parameter dtype (released weights are fp32; default bf16 as the cards say). None keeps the
+            stored dtype.
+        device: where the weights go.
+
+    Raises:
+        FileNotFoundError: missing config/weights. ValueError: bad config (file and key named).
+        CheckpointMismatchError: missing/unexpected/mis-shaped tensors (all listed, before loading data).
+    """
+    from hylo_bench.models.hybrid import HyLoForCausalLM
+
+    d = resolve_checkpoint_dir(spec)
+    if not (d / HYBRID_CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"{d}: no {HYBRID_CONFIG_NAME}; this is not a HyLo checkpoint (a plain "
+                                f"transformers model loads with hylo_bench.models.loading.load_model)")
+    config = HyLoConfig.from_directory(d)
+    with torch.device("meta"):
+        model = HyLoForCausalLM(config)
+    stored = read_tensor_shapes(d)
+    mapping = check_compatible(model, stored, str(d))
+    state = {}
+    for src, dst in mapping.items():
+        real = src.removesuffix("#tied")
+        f = stored[real][1]
+        if f.suffix == ".bin":
+            t = torch.load(f, map_location="cpu", weights_only=True)[real]
+        else:
+            with safe_open(f, framework="pt", device="cpu") as fh:
+                t = fh.get_tensor(real)
+        keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla keeps the GDN gate parameters in fp32
+        target = torch.float32 if keep_fp32 and dtype is not None else dtype
+        state[dst] = t.to(device=device, dtype=target or t.dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval()
+    return model
+
+
+def save_hylo(model, directory: str | Path) -> None:
+    """Write ``config.json``, ``hybrid_config.json`` and ``model.safetensors`` (atomically) in the released layout.
+
+    Tensors are saved as they are (contiguous copies); inference-only buffers are never written.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    model.config.save_files(d)
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
+          if not k.endswith(INFERENCE_ONLY_SUFFIXES)}
+    atomic_write_bytes(d / WEIGHTS_NAME, safetensors_save(sd, metadata={"format": "pt"}))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(d)

@@ -1,0 +1,97 @@
+"""Load any model argument of the CLI: ``demo``, a local checkpoint dir, or a hub id; hybrid or plain HF.
+
+A directory with ``hybrid_config.json`` is a HyLo hybrid (``HyLoForCausalLM``); anything else is loaded with
+``transformers.AutoModelForCausalLM``. The tokenizer always comes from the same directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from hylo_bench.models.config import HYBRID_CONFIG_NAME
+
+
+def demo_teacher_dir() -> Path:
+    """Directory of the embedded demo teacher (shipped in ``hylo_bench/data/demo_teacher``).
+
+    Raises:
+        FileNotFoundError: if the package was installed without its data files.
+    """
+    d = Path(str(resources.files("hylo_bench") / "data" / "demo_teacher"))
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"{d}: the embedded demo teacher is missing; reinstall hylo-bench with its package "
+                                f"data or rebuild it with scripts/make_demo_teacher.py")
+    return d
+
+
+def default_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 on GPU (as the released model cards say), fp32 on CPU (bf16 CPU matmuls are slow and inexact)."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def weights_hash(d: Path) -> str:
+    """Short content hash of a checkpoint: SHA-256 over its weight files' sizes and first/last MiB."""
+    h = hashlib.sha256()
+    files = sorted(list(d.glob("*.safetensors")) + list(d.glob("pytorch_model*.bin")))
+    for f in files:
+        size = f.stat().st_size
+        h.update(f.name.encode() + str(size).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), 2)
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def layout_name(model) -> str:
+    """``"2MLA2GDN"``-style name for a hybrid, ``"transformer"`` for a plain model."""
+    cfg = model.config
+    if not hasattr(cfg, "mixer_types"):
+        return "transformer"
+    n_mla = len(cfg.mla_layers)
+    suffix = "GDN" if cfg.linear_type == "gdn" else "M2"
+    return f"{n_mla}MLA{cfg.n_layer - n_mla}{suffix}"
+
+
+def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None = None):
+    """Load a model and its tokenizer for evaluation.
+
+    Args:
+        spec: ``demo``, a local directory, or a hub id (HF cache first, then download).
+        device: ``cpu`` / ``cuda`` (default: cuda when available).
+        dtype: parameter dtype (default: bf16 on GPU, fp32 on CPU).
+
+    Returns:
+        (model in eval mode, tokenizer, info dict with ``name``, ``path``, ``hash``, ``layout``, ``kind``).
+
+    Raises:
+        FileNotFoundError: unresolvable spec or missing files. ValueError / CheckpointMismatchError: bad
+        checkpoint contents (file and key named).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
+
+    device = device or default_device()
+    dtype = dtype or default_dtype(device)
+    d = resolve_checkpoint_dir(spec)
+    if (d / HYBRID_CONFIG_NAME).is_file():
+        model, kind = load_hylo(d, dtype=dtype, device=device), "hybrid"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device)
+        kind = "transformer"
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(d)
+    name = "demo-teacher" if spec == "demo" else (d.name if Path(spec).expanduser().is_dir() else str(spec))
+    info = {"name": name, "path": str(d), "hash": weights_hash(d), "layout": layout_name(model), "kind": kind}
+    return model, tokenizer, info

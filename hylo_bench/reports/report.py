@@ -1,0 +1,277 @@
+"""Render a results directory into one self-contained, offline HTML report (plotly.js inlined once).
+
+Each figure's data is embedded as ``<script type="application/json" id="fig-NAME">`` (plotly ``{data, layout}``)
+and drawn into ``<div id="plot-NAME">`` by a small loader, so tests and scripts can read the numbers back.
+Scores are 0-100, lengths in tokens. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.offline
+
+from hylo_bench import __version__
+from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
+
+_TEMPLATE = "plotly_white"
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f3f3f3; } td.text, th.row { text-align: left; }
+tr.mean td, tr.mean th { font-weight: bold; border-top: 2px solid #888; }
+.meta { color: #555; } .warn { background: #fff4e5; border: 1px solid #f0b060; padding: 0.5em 1em; }
+.plot { width: 100%; min-height: 420px; }
+"""
+# Draws every embedded figure; the JSON stays the single source of truth for the plotted numbers.
+_LOADER = """
+document.querySelectorAll('script[type="application/json"][id^="fig-"]').forEach(function (el) {
+  var spec = JSON.parse(el.textContent);
+  Plotly.newPlot('plot-' + el.id.slice(4), spec.data, spec.layout, {responsive: true, displaylogo: false});
+});
+"""
+
+
+def format_tokens(num_tokens: int) -> str:
+    """Short label for a length in tokens: 1024 -> "1K", 65536 -> "64K", 1048576 -> "1M", 1000 -> "1000"."""
+    if num_tokens % (1 << 20) == 0:
+        return f"{num_tokens >> 20}M"
+    if num_tokens % (1 << 10) == 0:
+        return f"{num_tokens >> 10}K"
+    return str(num_tokens)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON types; NaN and inf become null (``JSON.parse`` rejects NaN)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy scalars
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def figure_json(fig: go.Figure) -> str:
+    """Serialize a figure to JSON that is safe inside a ``<script>`` element (``<``, ``>``, ``&`` escaped)."""
+    text = json.dumps(_jsonable(fig.to_plotly_json()), allow_nan=False, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _label(name: str) -> str:
+    # Plotly renders a small HTML subset in names and titles and decodes entities, so escape to show names as-is.
+    return html.escape(name, quote=False)
+
+
+def _length_axis(seq_lens: list[int]) -> dict[str, Any]:
+    return {"type": "log", "tickvals": seq_lens, "ticktext": [format_tokens(n) for n in seq_lens],
+            "title": {"text": "context length (tokens)"}}  # fmt: skip
+
+
+def mean_figure(df: pd.DataFrame) -> go.Figure:
+    """RULER mean score (0-100) vs context length, one line per model, log2-spaced length ticks.
+
+    Args:
+        df: Output of :func:`load_results`.
+    """
+    means = ruler_means(df)
+    fig = go.Figure()
+    for model, part in means.groupby("model", sort=True):
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"].tolist(), y=part["score"].tolist(), customdata=part["num_tasks"].tolist(),
+            mode="lines+markers", name=_label(model), meta={"model": model},
+            hovertemplate="%{x} tokens: %{y:.2f} (mean of %{customdata} tasks)",
+        ))  # fmt: skip
+    seq_lens = sorted(int(n) for n in means["seq_len"].unique())
+    fig.update_layout(
+        template=_TEMPLATE, title={"text": "RULER mean score vs context length"}, xaxis=_length_axis(seq_lens),
+        yaxis={"title": {"text": "RULER mean score (0-100)"}, "range": [0, 100]}, hovermode="x unified",
+    )
+    return fig
+
+
+def task_figures(df: pd.DataFrame) -> list[go.Figure]:
+    """Per-task RULER scores (0-100) vs length: one task x length heatmap per model, on shared axes.
+
+    Args:
+        df: Output of :func:`load_results`.
+
+    Returns:
+        One figure per model, sorted by model name; missing cells are NaN (drawn empty).
+    """
+    seq_lens = sorted(int(n) for n in df["seq_len"].unique())
+    tasks = sorted(df["task"].unique())
+    figures = []
+    for model, part in df.groupby("model", sort=True):
+        grid = part.pivot(index="task", columns="seq_len", values="score").reindex(index=tasks, columns=seq_lens)
+        fig = go.Figure(go.Heatmap(
+            z=grid.to_numpy().tolist(), x=[format_tokens(n) for n in seq_lens], y=tasks, zmin=0, zmax=100,
+            colorscale="Viridis", texttemplate="%{z:.1f}", colorbar={"title": {"text": "score"}},
+            hovertemplate="%{y} @ %{x}: %{z:.2f}<extra></extra>", meta={"model": model, "seq_len": seq_lens},
+        ))  # fmt: skip
+        fig.update_layout(
+            template=_TEMPLATE, title={"text": f"RULER per task: {_label(model)}"},
+            xaxis={"title": {"text": "context length (tokens)"}, "type": "category"},
+            yaxis={"autorange": "reversed"}, height=max(320, 40 + 26 * len(tasks)),
+        )
+        figures.append(fig)
+    return figures
+
+
+def loss_figure(losses: pd.DataFrame) -> go.Figure:
+    """Upcycling training loss vs tokens, one line per (run, stage).
+
+    Args:
+        losses: Output of :func:`load_manifests` (non-empty).
+    """
+    fig = go.Figure()
+    for (run, _, stage), part in losses.groupby(["run", "stage_index", "stage"], sort=True):
+        seq_len = int(part["stage_seq_len"].iloc[0])
+        fig.add_trace(go.Scatter(
+            x=part["tokens"].tolist(), y=part["loss"].tolist(), customdata=part["step"].tolist(), mode="lines",
+            name=_label(f"{run} / {stage} ({format_tokens(seq_len)})"),
+            meta={"run": run, "stage": stage, "seq_len": seq_len},
+            hovertemplate="step %{customdata}, %{x} tokens: loss %{y:.4f}",
+        ))  # fmt: skip
+    fig.update_layout(
+        template=_TEMPLATE, title={"text": "Upcycling training loss per stage"},
+        xaxis={"title": {"text": "tokens"}}, yaxis={"title": {"text": "loss"}},
+    )
+    return fig
+
+
+def _figure_html(fig_id: str, fig: go.Figure) -> str:
+    return (f'<div class="plot" id="plot-{fig_id}"></div>\n'
+            f'<script type="application/json" id="fig-{fig_id}">{figure_json(fig)}</script>\n')  # fmt: skip
+
+
+def _score_cell(value: float, mark: str = "") -> str:
+    if pd.isna(value):
+        return "<td>-</td>"
+    alpha = 0.45 * min(max(value, 0.0), 100.0) / 100.0
+    return f'<td style="background: rgba(31, 119, 180, {alpha:.2f})" title="{float(value)!r}">{value:.1f}{mark}</td>'
+
+
+def _scores_table_html(table: pd.DataFrame) -> str:
+    """Task x model score table; the ``"mean"`` row is styled as a total and marked where tasks are missing."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    rows = [f'<tr><th class="row">task</th>{head}</tr>']
+    tasks = table.drop(index="mean")
+    num_tasks = tasks.notna().sum()
+    for task, values in table.iterrows():
+        if task == "mean":
+            # The paper's RULER score is the mean over all tasks; a mean over fewer tasks is not comparable.
+            marks = ["*" if num_tasks[m] < len(tasks) else "" for m in table.columns]
+            cells = "".join(_score_cell(v, mark) for v, mark in zip(values, marks))
+            rows.append(f'<tr class="mean"><th class="row">mean</th>{cells}</tr>')
+        else:
+            cells = "".join(_score_cell(v) for v in values)
+            rows.append(f'<tr><th class="row">{html.escape(str(task))}</th>{cells}</tr>')
+    note = ""
+    if (num_tasks < len(tasks)).any():
+        note = f'<p class="meta">* mean over fewer than the {len(tasks)} tasks listed; not comparable.</p>\n'
+    return "<table>\n" + "\n".join(rows) + "\n</table>\n" + note
+
+
+def _text_table_html(table: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    rows = [f"<tr>{head}</tr>"]
+    for values in table.itertuples(index=False):
+        rows.append("<tr>" + "".join(f'<td class="text">{html.escape(str(v))}</td>' for v in values) + "</tr>")
+    return "<table>\n" + "\n".join(rows) + "\n</table>\n"
+
+
+def _skipped_html(skipped: list[tuple[str, str]]) -> str:
+    if not skipped:
+        return ""
+    items = "".join(f"<li><code>{html.escape(p)}</code>: {html.escape(r)}</li>" for p, r in skipped)
+    return f'<div class="warn"><b>{len(skipped)} file(s) skipped</b><ul>{items}</ul></div>\n'
+
+
+def write_tables(df: pd.DataFrame, tables_dir: str | Path) -> list[Path]:
+    """Write the report's tables as CSV (full precision) into ``tables_dir``.
+
+    Files: ``ruler_records.csv`` (tidy rows), ``ruler_mean.csv`` (models x lengths), ``ruler_<seq_len>.csv``
+    (tasks + mean x models, one per length in tokens) and ``models.csv``.
+
+    Returns:
+        The written paths.
+    """
+    tables_dir = Path(tables_dir)
+    means = ruler_means(df).pivot(index="model", columns="seq_len", values="score")
+    tables = {"ruler_records.csv": df.to_csv(index=False), "ruler_mean.csv": means.to_csv(),
+              "models.csv": models_table(df).to_csv(index=False)}  # fmt: skip
+    for seq_len, table in task_tables(df).items():
+        tables[f"ruler_{seq_len}.csv"] = table.to_csv()
+    paths = []
+    for name, text in tables.items():
+        atomic_write_text(tables_dir / name, text)
+        paths.append(tables_dir / name)
+    return paths
+
+
+def build_report(
+    results_dir: str | Path,
+    out_html: str | Path,
+    title: str | None = None,
+    *,
+    strict: bool = False,
+    tables_dir: str | Path | None = None,
+) -> Path:
+    """Build one self-contained HTML report (opens offline) from every result file under ``results_dir``.
+
+    Sections: RULER mean vs length (one line per model), per-task heatmaps per model, per-length score tables
+    (tasks + mean x models), a models table, and upcycle training losses when manifests are found.
+
+    Args:
+        results_dir: Directory searched recursively for RULER result files and upcycle manifests.
+        out_html: Output path; written atomically, parent folders created.
+        title: Page title; defaults to ``"hylo-bench report: <results_dir name>"``.
+        strict: Raise on a malformed result file instead of skipping it with a warning (listed in the report).
+        tables_dir: If given, also write every table as CSV there (see :func:`write_tables`).
+
+    Returns:
+        The path of the written HTML file.
+
+    Raises:
+        ValueError: if no RULER results are found, or (strict) a result file is malformed.
+    """
+    results_dir, out_html = Path(results_dir), Path(out_html)
+    df = load_results(results_dir, strict=strict)
+    losses = load_manifests(results_dir, strict=strict)
+    skipped = df.attrs["skipped"] + losses.attrs["skipped"]
+    title = title or f"hylo-bench report: {results_dir.resolve().name}"
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    meta = (f"{df['model'].nunique()} model(s), {df['run_file'].nunique()} run file(s), "
+            f"{len(skipped)} skipped; generated {now} by hylo-bench {__version__} from "
+            f"<code>{html.escape(str(results_dir))}</code>")  # fmt: skip
+    parts = [f"<h1>{html.escape(title)}</h1>\n<p class=\"meta\">{meta}</p>\n", _skipped_html(skipped)]
+    parts.append("<h2>RULER mean vs context length</h2>\n" + _figure_html("ruler-mean", mean_figure(df)))
+    parts.append("<h2>RULER per task</h2>\n")
+    parts.extend(_figure_html(f"ruler-tasks-{i}", fig) for i, fig in enumerate(task_figures(df)))
+    parts.append("<h2>RULER scores per length (0-100)</h2>\n")
+    for seq_len, table in task_tables(df).items():
+        parts.append(f"<h3>{format_tokens(seq_len)} ({seq_len} tokens)</h3>\n" + _scores_table_html(table))
+    parts.append("<h2>Models</h2>\n" + _text_table_html(models_table(df)))
+    if not losses.empty:
+        parts.append("<h2>Upcycling training loss</h2>\n" + _figure_html("upcycle-loss", loss_figure(losses)))
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{_CSS}</style>\n<script>{plotly.offline.get_plotlyjs()}</script>\n</head>\n<body>\n"
+        + "".join(parts) + f"<script>{_LOADER}</script>\n</body>\n</html>\n"
+    )  # fmt: skip
+    atomic_write_text(out_html, page)
+    if tables_dir is not None:
+        write_tables(df, tables_dir)
+    return out_html

@@ -1,0 +1,109 @@
+"""RULER sample cache: JSONL files of generated samples keyed by (task, length, tokenizer hash, seed, haystack).
+
+Samples are independent per index (:func:`hylo_bench.tasks.ruler.sampling.sample_seed`), so a cache holding
+fewer samples than asked is extended in place and a larger one is read as a prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.tasks.ruler.sampling import generate_sample
+
+GENERATOR_VERSION = 1
+"""Bump when generation changes, so stale caches are not reused."""
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """Hex sha256 identifying a tokenizer: its serialized ``tokenizer.json`` (``backend_tokenizer.to_str()``) plus
+    its chat template; for slow tokenizers, the files written by ``save_pretrained``."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode("utf-8"))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.save_pretrained(tmp)
+            for path in sorted(Path(tmp).rglob("*")):
+                if path.is_file():
+                    h.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
+    h.update(b"\0chat_template\0" + str(getattr(tokenizer, "chat_template", None) or "").encode("utf-8"))
+    return h.hexdigest()
+
+
+def text_hash(text: str) -> str:
+    """Hex sha256 of a text (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cache_path(
+    cache_dir: str | Path, task: str, length_tokens: int, tok_hash: str, seed: int, hay_hash: str, chat: bool
+) -> Path:
+    """``<cache_dir>/<task>-<L>-tok<12 hex>-seed<seed>-hay<8 hex>[-chat]-v<GENERATOR_VERSION>.jsonl``."""
+    chat_tag = "-chat" if chat else ""
+    name = f"{task}-{length_tokens}-tok{tok_hash[:12]}-seed{seed}-hay{hay_hash[:8]}{chat_tag}-v{GENERATOR_VERSION}"
+    return Path(cache_dir) / f"{name}.jsonl"
+
+
+def read_samples(path: Path) -> list[dict]:
+    """Samples of a cache file, in index order; reading stops at the first unreadable or out-of-order line."""
+    samples: list[dict] = []
+    if not path.is_file():
+        return samples
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                sample = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if sample.get("index") != len(samples):
+                break
+            samples.append(sample)
+    return samples
+
+
+def load_or_generate(
+    task: str,
+    tokenizer: Any,
+    length_tokens: int,
+    num_samples: int,
+    *,
+    seed: int,
+    haystack_text: str,
+    chat_template: bool,
+    cache_dir: str | Path,
+    tok_hash: str | None = None,
+    on_sample: Callable[[], None] | None = None,
+) -> list[dict]:
+    """Samples ``0 ... num_samples - 1`` of (task, length), read from the cache and extended as needed.
+
+    Args:
+        task, tokenizer, length_tokens, seed, haystack_text, chat_template: as in ``generate_sample``.
+        num_samples: how many samples to return.
+        cache_dir: folder of the JSONL caches (created if missing).
+        tok_hash: precomputed :func:`tokenizer_hash` (computed if ``None``).
+        on_sample: called after each newly generated sample (progress).
+
+    Returns:
+        ``num_samples`` sample dicts in index order.
+    """
+    tok_hash = tok_hash or tokenizer_hash(tokenizer)
+    path = cache_path(cache_dir, task, length_tokens, tok_hash, seed, text_hash(haystack_text), chat_template)
+    samples = read_samples(path)
+    if len(samples) >= num_samples:
+        return samples[:num_samples]
+    for index in range(len(samples), num_samples):
+        samples.append(
+            generate_sample(task, tokenizer, length_tokens, index, seed, haystack_text, chat_template=chat_template)
+        )
+        if on_sample is not None:
+            on_sample()
+    os.makedirs(path.parent, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(s) + "\n" for s in samples))
+    return samples

@@ -1,0 +1,265 @@
+"""RULER runner: load a model, generate or reuse cached samples, decode greedily, score, write the results JSON.
+
+``run(cfg)`` is what ``hylo-bench ruler`` calls; ``evaluate_model`` does the work for an already-loaded model.
+Results are rewritten atomically after every (task, length), so an interrupted run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+import hylo_bench
+from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.tasks.ruler.cache import load_or_generate, text_hash, tokenizer_hash
+from hylo_bench.tasks.ruler.haystack import read_haystack_text
+from hylo_bench.tasks.ruler.registry import get_task
+from hylo_bench.tasks.ruler.sampling import encode_prompt
+from hylo_bench.tasks.ruler.scoring import mean_score, task_score
+
+FLAVOR = "lm-eval"
+MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RulerConfig:
+    """One RULER run.
+
+    Attributes:
+        model: model spec for ``hylo_bench.models.loading.load_model`` (path, recipe name, ...).
+        lengths: target lengths in tokens, e.g. ``[4096, 8192]``.
+        tasks: task names from ``TASKS``.
+        samples: samples per (task, length); lm-eval uses 500.
+        results_dir: folder for ``ruler-<model>-<timestamp>.json`` and the sample cache ``cache/``.
+        seed: run seed; each sample's rng derives from (seed, task, length, index).
+        haystack_path: essay haystack text file; ``None`` = the shipped ``devils-dictionary.txt``.
+        batch_size: prompts per ``generate`` call (left-padded when > 1).
+        chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
+    """
+
+    model: str
+    lengths: list[int]
+    tasks: list[str]
+    samples: int
+    results_dir: str | Path
+    seed: int = 42
+    haystack_path: str | Path | None = None
+    batch_size: int = 1
+    chat_template: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
+            raise ValueError(f"lengths must be a non-empty list of positive ints (tokens), got {self.lengths!r}")
+        if len(set(self.lengths)) != len(self.lengths):
+            raise ValueError(f"lengths has duplicates: {self.lengths!r}")
+        if not self.tasks:
+            raise ValueError("tasks must name at least one RULER task; see hylo_bench.tasks.ruler.list_tasks()")
+        for task in self.tasks:
+            get_task(task)
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks has duplicates: {self.tasks!r}")
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.haystack_path is not None and not Path(self.haystack_path).is_file():
+            raise ValueError(f"haystack_path {str(self.haystack_path)!r} is not a file; pass a text file or omit it")
+
+    def to_dict(self) -> dict:
+        """JSON-ready copy (paths as strings)."""
+        out = dataclasses.asdict(self)
+        out["results_dir"] = str(self.results_dir)
+        out["haystack_path"] = None if self.haystack_path is None else str(self.haystack_path)
+        return out
+
+
+def run(cfg: RulerConfig) -> dict:
+    """Load ``cfg.model`` and evaluate it; see :func:`evaluate_model` for the returned summary."""
+    from hylo_bench.models.loading import load_model
+
+    model, tokenizer, info = load_model(cfg.model)
+    return evaluate_model(model, tokenizer, info, cfg)
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        return Text(f"{task.speed:.2f} samples/s" if task.speed else "- samples/s")
+
+
+def _progress(console: Console | None) -> Progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=console or Console(stderr=True))
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+
+
+def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuations of a batch of token-id prompts, decoded from the new tokens only.
+
+    Prompts are left-padded to a [B, T] ``input_ids``/``attention_mask`` pair; each continuation is cut at its
+    first EOS and decoded with ``skip_special_tokens=True``.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    width = max(len(ids) for ids in prompt_ids)
+    input_ids_BT = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids_BT[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask_BT[row, width - len(ids) :] = 1
+    with torch.inference_mode():
+        out_BT = model.generate(
+            input_ids=input_ids_BT.to(device),
+            attention_mask=mask_BT.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+    eos = _eos_ids(model, tokenizer)
+    texts = []
+    for row in out_BT[:, width:].tolist():
+        cut = next((i for i, tok in enumerate(row) if tok in eos), len(row))
+        texts.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+    return texts
+
+
+def _predict(
+    model: Any, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int, step: Callable[[int], None]
+) -> list[str]:
+    predictions: list[str] = []
+    for start in range(0, len(samples), cfg.batch_size):
+        batch = samples[start : start + cfg.batch_size]
+        ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]
+        predictions += generate_batch(model, tokenizer, ids, max_new)
+        step(len(batch))
+    return predictions
+
+
+def _results_path(results_dir: Path, model_name: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name).strip("_") or "model"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path, k = results_dir / f"ruler-{safe}-{stamp}.json", 1
+    while path.exists():
+        path, k = results_dir / f"ruler-{safe}-{stamp}-{k}.json", k + 1
+    return path
+
+
+def _means(records: list[dict]) -> dict[str, float]:
+    lengths = sorted({r["seq_len"] for r in records})
+    return {str(n): mean_score(r["score"] for r in records if r["seq_len"] == n) for n in lengths}
+
+
+def evaluate_model(
+    model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None
+) -> dict:
+    """Run RULER on a loaded model: for each length, each task, generate/reuse samples, decode, score, save.
+
+    Args:
+        model: HF-style causal LM with ``generate`` (put in eval mode here).
+        tokenizer: the model's HF tokenizer (sizes the prompts).
+        model_info: ``name, path, hash, layout, kind`` as returned by ``load_model``.
+        cfg: run configuration.
+        console: rich console for the progress bar (default: stderr).
+
+    Returns:
+        ``{"model": name, "scores": {task: {"<L>": score}}, "mean": {"<L>": score}, "results_path": str}``,
+        scores 0-100, mean = unweighted mean over the tasks run at that length.
+
+    Raises:
+        ValueError: ``model_info`` lacks a key, or a length is too small for a task.
+    """
+    missing = [k for k in MODEL_INFO_KEYS if k not in model_info]
+    if missing:
+        raise ValueError(f"model_info lacks {missing}; load_model must return {MODEL_INFO_KEYS}")
+    haystack_text = read_haystack_text(cfg.haystack_path)
+    tok_hash = tokenizer_hash(tokenizer)
+    results_dir = Path(cfg.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = _results_path(results_dir, str(model_info["name"]))
+    doc = {
+        "kind": "ruler",
+        "hylo_bench_version": hylo_bench.__version__,
+        "git_sha": git_sha(),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
+        "tokenizer_hash": tok_hash,
+        "seed": cfg.seed,
+        "samples_per_task": cfg.samples,
+        "chat_template": cfg.chat_template,
+        "flavor": FLAVOR,
+        "haystack_sha256": text_hash(haystack_text),
+        "config": cfg.to_dict(),
+        "records": [],
+        "mean": {},
+    }
+    if hasattr(model, "eval"):
+        model.eval()
+    scores: dict[str, dict[str, float]] = {}
+    with _progress(console) as progress:
+        total = len(cfg.lengths) * len(cfg.tasks) * cfg.samples
+        bar = progress.add_task("ruler", total=total)
+        for length in cfg.lengths:
+            for task in cfg.tasks:
+                progress.update(bar, description=f"{task} @ {length}")
+                gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
+                samples = load_or_generate(
+                    task, tokenizer, length, cfg.samples, seed=cfg.seed, haystack_text=haystack_text,
+                    chat_template=cfg.chat_template, cache_dir=results_dir / "cache", tok_hash=tok_hash,
+                    on_sample=lambda: progress.advance(gen_bar),
+                )
+                progress.remove_task(gen_bar)
+                max_new = get_task(task).max_gen_toks
+                preds = _predict(model, tokenizer, samples, cfg, max_new, lambda k: progress.advance(bar, k))
+                agg = task_score(task, preds, [s["outputs"] for s in samples], flavor=FLAVOR)
+                prompt_tokens = [s["prompt_tokens"] for s in samples]
+                doc["records"].append({
+                    "task": task,
+                    "seq_len": length,
+                    "score": agg["score"],
+                    "n": agg["n"],
+                    "seed": cfg.seed,
+                    "nulls": agg["nulls"],
+                    "prompt_tokens_mean": statistics.fmean(prompt_tokens),
+                    "prompt_tokens_min": min(prompt_tokens),
+                    "prompt_tokens_max": max(prompt_tokens),
+                })
+                doc["mean"] = _means(doc["records"])
+                atomic_write_json(path, doc)
+                scores.setdefault(task, {})[str(length)] = agg["score"]
+    return {"model": model_info["name"], "scores": scores, "mean": doc["mean"], "results_path": str(path)}
+
+
+def render_tables(summary: dict) -> list[Table]:
+    """One rich table per length: a row per task (score 0-100) and a final ``mean`` row.
+
+    Args:
+        summary: the dict returned by :func:`evaluate_model` / :func:`run`.
+    """
+    tables = []
+    for length, mean in summary["mean"].items():
+        table = Table(title=f"RULER {summary['model']} @ {length} tokens")
+        table.add_column("task")
+        table.add_column("score", justify="right")
+        for task, by_length in summary["scores"].items():
+            if length in by_length:
+                table.add_row(task, f"{by_length[length]:.2f}")
+        table.add_section()
+        table.add_row("mean", f"{mean:.2f}", style="bold")
+        tables.append(table)
+    return tables

@@ -1,0 +1,266 @@
+"""RULER sample generation: per-sample seeding, prompt assembly and haystack sizing to a token budget.
+
+Sizing rule (hylo-bench): ``prompt_tokens + max_gen_toks <= length_tokens``, with ``prompt_tokens`` counted by
+the model's own tokenizer on the exact prompt fed to the model, and the haystack as large as that allows.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import random
+from typing import Any, Callable
+
+from hylo_bench.tasks.ruler.generators import (
+    VT_EXAMPLE_BUDGET_TOKENS,
+    BuildContext,
+    Built,
+    build,
+    cwe_words,
+    vt_text,
+)
+from hylo_bench.tasks.ruler.haystack import default_haystack_text, essay_words
+from hylo_bench.tasks.ruler.registry import RulerTask, get_task
+
+SAMPLE_TOLERANCE = 0.005
+"""A sample stops searching once its slack below the budget is at most this fraction of ``length_tokens``."""
+
+
+class PromptTooLongError(ValueError):
+    """The smallest haystack of a task does not fit the token budget."""
+
+
+def sample_seed(seed: int, task: str, length_tokens: int, index: int) -> int:
+    """Stable 64-bit seed of one sample: sha256 of ``(seed, task, length, index)``; independent of run order."""
+    digest = hashlib.sha256(f"hylo-bench/ruler|{seed}|{task}|{length_tokens}|{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def render_prompt(task: RulerTask, input_text: str, gen_prefix: str, tokenizer: Any, chat_template: bool) -> str:
+    """Final prompt text: ``input + target_delimiter + gen_prefix`` (ruler.md section 4).
+
+    With ``chat_template``, ``input`` is the user turn (``apply_chat_template(..., add_generation_prompt=True)``)
+    and ``gen_prefix`` is appended to the open assistant turn, which the model continues.
+    """
+    if chat_template:
+        messages = [{"role": "user", "content": input_text}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + gen_prefix
+    delimiter = task.target_delimiter
+    if input_text[-1:].isspace() or gen_prefix[:1].isspace():
+        delimiter = ""
+    return input_text + delimiter + gen_prefix
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
+    """Token ids of a rendered prompt: the HF default call (special tokens added) unless the chat template
+    already rendered them."""
+    return list(tokenizer(prompt, add_special_tokens=not chat_template).input_ids)
+
+
+def largest_fitting(
+    measure: Callable[[int], int],
+    *,
+    budget: int,
+    n_min: int,
+    n_max: int,
+    n_start: int,
+    tol_tokens: int = 0,
+) -> int:
+    """Largest ``n`` in ``[n_min, n_max]`` with ``measure(n) <= budget`` (``measure`` roughly non-decreasing).
+
+    Interpolation search with bisection fallback: probes ``n_start`` first, extrapolates linearly until a probe
+    overshoots, then interpolates inside the bracket (every second step bisects, so the bracket at least halves
+    every two steps). Stops early at a fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``.
+    ``measure`` should memoise; it is called about 3-8 times for a cold search.
+
+    Raises:
+        PromptTooLongError: ``measure(n_min) > budget``.
+    """
+    lo, f_lo = n_min, measure(n_min)
+    if f_lo > budget:
+        raise PromptTooLongError(f"{f_lo} tokens at the smallest haystack > budget {budget}")
+    hi, f_hi = None, None  # smallest n known to overshoot
+    anchor, f_anchor = n_min, f_lo  # a second fitting point for the slope while no overshoot is known
+    probe, step = min(max(n_start, n_min), n_max), 0
+    while True:
+        if probe > lo:
+            f = measure(probe)
+            if f <= budget:
+                anchor, f_anchor = lo, f_lo
+                lo, f_lo = probe, f
+            else:
+                hi, f_hi = probe, f
+        if lo >= n_max or (hi is not None and hi - lo <= 1) or budget - f_lo <= tol_tokens:
+            return lo
+        step += 1
+        if hi is None:
+            slope = (f_lo - f_anchor) / (lo - anchor) if lo > anchor else 0.0
+            probe = lo + (math.ceil((budget - f_lo) / slope) if slope > 0 else max(1, lo - n_min))
+            probe = min(max(probe, lo + 1), n_max)
+        elif step % 2 == 0 or f_hi <= f_lo:
+            probe = (lo + hi) // 2
+        else:
+            probe = lo + int((budget - f_lo) * (hi - lo) / (f_hi - f_lo))
+            probe = min(max(probe, lo + 1), hi - 1)
+
+
+def _size_bounds(task: RulerTask, length_tokens: int) -> tuple[int, int]:
+    """Haystack units allowed: NIAH lines >= #needles; CWE 10 ... 8166 words; others >= 1 (<= 8 units/token)."""
+    cap = 8 * length_tokens
+    if task.generator == "niah" and task.haystack != "essay":
+        return task.num_needle_keys * task.num_values, cap
+    if task.generator == "cwe":
+        return 10, len(cwe_words())
+    return 1, cap
+
+
+@functools.lru_cache(maxsize=64)
+def _vt_example(tokenizer: Any, length_tokens: int, seed: int) -> str:
+    """The VT one-shot example for one target length: input + answer prefix + " " + 5 names + "\\n\\n".
+
+    Sized as lm-eval ``vt_utils.sys_vartrack_w_noise_random(max_seq_length=500, incremental=5)``: grow by 5 noise
+    lines while ``tokens(text + " " + str(names)) + 30 < 500``, step back once, then shrink until
+    ``tokens(text) + 30 <= 500``.
+    """
+    example_seed = sample_seed(seed, "ruler_vt/example", length_tokens, 0)
+
+    def make(num_noises: int) -> tuple[str, list[str]]:
+        return vt_text(random.Random(example_seed), num_noises, num_hops=4, is_icl=True)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text).input_ids)
+
+    num_noises, total = 5, 0
+    while total + 30 < VT_EXAMPLE_BUDGET_TOKENS:
+        text, names = make(num_noises)
+        total = count(text + f" {names}")
+        if total + 30 > VT_EXAMPLE_BUDGET_TOKENS:
+            num_noises -= 5
+            break
+        num_noises += 5
+    num_noises = max(num_noises, 5)
+    text, names = make(num_noises)
+    while count(text) + 30 > VT_EXAMPLE_BUDGET_TOKENS and num_noises > 5:
+        num_noises -= 5
+        text, names = make(num_noises)
+    return text + " " + " ".join(names) + "\n\n"
+
+
+def _context(task: RulerTask, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str) -> BuildContext:
+    if task.generator == "niah" and task.haystack == "essay":
+        return BuildContext(length_tokens=length_tokens, essay=essay_words(haystack_text))
+    if task.generator == "vt":
+        return BuildContext(length_tokens=length_tokens, vt_example=_vt_example(tokenizer, length_tokens, seed))
+    return BuildContext(length_tokens=length_tokens)
+
+
+def _fit(
+    task: RulerTask,
+    tokenizer: Any,
+    length_tokens: int,
+    seed_int: int,
+    ctx: BuildContext,
+    chat_template: bool,
+    n_start: int,
+    tol_tokens: int,
+) -> tuple[int, Built, str, int]:
+    """Search the haystack size for one rng seed; returns (units, built, prompt, prompt_tokens)."""
+    memo: dict[int, tuple[Built, str, int]] = {}
+
+    def measure(n: int) -> int:
+        if n not in memo:
+            built = build(task, random.Random(seed_int), n, ctx)
+            prompt = render_prompt(task, built.input, built.gen_prefix, tokenizer, chat_template)
+            memo[n] = (built, prompt, len(encode_prompt(tokenizer, prompt, chat_template)))
+        return memo[n][2]
+
+    n_min, n_max = _size_bounds(task, length_tokens)
+    budget = length_tokens - task.max_gen_toks
+    try:
+        n = largest_fitting(measure, budget=budget, n_min=n_min, n_max=n_max, n_start=n_start, tol_tokens=tol_tokens)
+    except PromptTooLongError as err:
+        need = memo[n_min][2] + task.max_gen_toks
+        raise PromptTooLongError(
+            f"length_tokens={length_tokens} is too small for RULER task {task.name!r}: its smallest prompt is "
+            f"{memo[n_min][2]} tokens + max_gen_toks={task.max_gen_toks}; use a length >= {need}"
+        ) from err
+    return (n, *memo[n])
+
+
+@functools.lru_cache(maxsize=256)
+def fitted_size(
+    task: str, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, chat_template: bool
+) -> int:
+    """Haystack units for (task, tokenizer, length): exact largest fit of a probe sample (cached).
+
+    Raises:
+        PromptTooLongError: the length cannot hold the task's smallest prompt.
+    """
+    spec = get_task(task)
+    ctx = _context(spec, tokenizer, length_tokens, seed, haystack_text)
+    probe_seed = sample_seed(seed, f"{task}/probe", length_tokens, 0)
+    n_min, _ = _size_bounds(spec, length_tokens)
+    return _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, 0)[0]
+
+
+def generate_sample(
+    task: str,
+    tokenizer: Any,
+    length_tokens: int,
+    index: int,
+    seed: int = 42,
+    haystack_text: str | None = None,
+    *,
+    chat_template: bool = False,
+) -> dict:
+    """Generate RULER sample ``index`` of ``task`` sized for ``length_tokens`` with ``tokenizer``.
+
+    Deterministic in (task, tokenizer, length_tokens, index, seed, haystack_text, chat_template): the sample's
+    ``random.Random`` is seeded by :func:`sample_seed`, and the haystack size comes from a cached probe search
+    (:func:`fitted_size`) refined per sample by :func:`largest_fitting` (shrink on overshoot, grow while the
+    slack exceeds 0.5% of the length).
+
+    Args:
+        task: a name from ``TASKS`` (e.g. ``"niah_single_1"``, ``"ruler_vt"``).
+        tokenizer: HF tokenizer of the evaluated model; lengths are ``len(tokenizer(prompt).input_ids)``.
+        length_tokens: target length L in tokens; ``prompt_tokens + max_gen_toks <= L``.
+        index: sample number, >= 0.
+        seed: run seed.
+        haystack_text: essay corpus text; ``None`` = the shipped ``devils-dictionary.txt``.
+        chat_template: render (and measure) the prompt with the tokenizer's chat template.
+
+    Returns:
+        lm-eval fields ``index, input, outputs, length, max_length, gen_prefix`` (``length`` = prompt_tokens +
+        max_gen_toks), plus ``prompt`` (text fed to the model), ``prompt_tokens``, ``task``, ``seed``,
+        ``haystack_units``, ``chat_template`` and, for CWE, ``input_example``.
+
+    Raises:
+        ValueError: unknown task, bad length/index, or a length too small for the task.
+    """
+    spec = get_task(task)
+    if not isinstance(length_tokens, int) or length_tokens < 1:
+        raise ValueError(f"length_tokens must be a positive int, got {length_tokens!r}")
+    if not isinstance(index, int) or index < 0:
+        raise ValueError(f"index must be an int >= 0, got {index!r}")
+    text = default_haystack_text() if haystack_text is None else haystack_text
+    n_start = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template)
+    ctx = _context(spec, tokenizer, length_tokens, seed, text)
+    tol = int(SAMPLE_TOLERANCE * length_tokens)
+    seed_int = sample_seed(seed, task, length_tokens, index)
+    n, built, prompt, num_tokens = _fit(spec, tokenizer, length_tokens, seed_int, ctx, chat_template, n_start, tol)
+    return {
+        "index": index,
+        "input": built.input,
+        "outputs": list(built.outputs),
+        "length": num_tokens + spec.max_gen_toks,
+        "max_length": length_tokens,
+        "gen_prefix": built.gen_prefix,
+        "prompt": prompt,
+        "prompt_tokens": num_tokens,
+        "task": task,
+        "seed": seed,
+        "haystack_units": n,
+        "chat_template": chat_template,
+        **built.extra,
+    }

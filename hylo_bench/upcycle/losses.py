@@ -1,0 +1,106 @@
+"""Stage losses: Enhanced-ILD (paper eq. 3) and end-to-end forward KL from hidden states (eq. 4 / eq. 22).
+
+Legend: B batch, T tokens, D hidden.
+
+Enhanced-ILD (training-recipe.md §2.1): for every layer l, the student layer gets the *teacher's* input to
+layer l (teacher forcing) and is pulled towards the teacher's layer output h_l and token-mixer output a_l:
+``sum_l mean_tokens(||h_l^s - h_l^t||_2 + ||a_l^s - a_l^t||_2)`` (norm over D, not squared, as in
+Zebra-Llama; ``squared=True`` switches to the squared form). Layers are independent under teacher forcing, so
+running ILD on the hybrid's layers is the same computation as distilling the pure-MLA and pure-linear
+students and assembling them by index (§3.1), without the layers the hybrid discards.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hylo_bench.kernels.kl import chunked_kl_div
+
+
+@torch.no_grad()
+def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list, list, list]:
+    """Run an HF Llama/Qwen3 model once and capture per layer: input [B, T, D], output, attention output.
+
+    The attention output is the ``self_attn`` result after ``o_proj``, before the residual add.
+    """
+    layers = teacher.model.layers
+    ins: list = [None] * len(layers)
+    outs: list = [None] * len(layers)
+    mix: list = [None] * len(layers)
+    hooks = []
+
+    def first(x):
+        return x[0] if isinstance(x, tuple) else x
+
+    def layer_hook(i):
+        def hook(module, args, kwargs, output):  # returns None: the output is left unchanged
+            ins[i] = first(args) if args else kwargs["hidden_states"]
+            outs[i] = first(output)
+        return hook
+
+    def attn_hook(i):
+        def hook(module, args, output):
+            mix[i] = first(output)
+        return hook
+
+    for i, layer in enumerate(layers):
+        hooks.append(layer.register_forward_hook(layer_hook(i), with_kwargs=True))
+        hooks.append(layer.self_attn.register_forward_hook(attn_hook(i)))
+    try:
+        teacher.model(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return ins, outs, mix
+
+
+def _l2(a: torch.Tensor, b: torch.Tensor, squared: bool) -> torch.Tensor:
+    d = (a.float() - b.float()).norm(dim=-1)
+    return (d.square() if squared else d).mean()
+
+
+def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool = False) -> tuple[torch.Tensor, dict]:
+    """Enhanced-ILD loss of a batch [B, T] summed over layers; also returns the two terms separately.
+
+    The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama).
+    """
+    ins, outs, mix = teacher_layer_io(teacher, input_ids)
+    B, T = input_ids.shape
+    positions = torch.arange(T, device=input_ids.device).expand(B, T)
+    hid_terms, mix_terms = [], []
+    last = len(student.model.layers) - 1
+    for i, layer in enumerate(student.model.layers):
+        h_s, a_s, _ = layer(ins[i].to(next(layer.parameters()).dtype), positions, None)
+        h_t = outs[i]
+        if i == last:
+            h_s, h_t = student.model.norm(h_s), teacher.model.norm(h_t)
+        hid_terms.append(_l2(h_s, h_t, squared))
+        mix_terms.append(_l2(a_s, mix[i], squared))
+    hid, mx = torch.stack(hid_terms).sum(), torch.stack(mix_terms).sum()
+    return hid + mx, {"ild_hidden": hid.item(), "ild_mixer": mx.item()}
+
+
+def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0,
+            chunk_size: int = 4096) -> tuple[torch.Tensor, dict]:
+    """Per-token forward KL(p_teacher || p_student) from final hidden states and both lm_heads, chunked so no
+    [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden")."""
+    with torch.no_grad():
+        t_hidden = teacher.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    s_hidden = student.model(input_ids=input_ids).last_hidden_state
+    loss = chunked_kl_div(s_hidden.flatten(0, 1), student.lm_head.weight, t_hidden.flatten(0, 1),
+                          teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size)
+    return loss, {"kl": loss.item()}
+
+
+@torch.no_grad()
+def eval_kl(student, teacher: nn.Module, windows: torch.Tensor, batch_size: int = 4) -> float:
+    """Mean per-token forward KL of ``student`` to ``teacher`` on held-out windows [N, T] (nats/token)."""
+    total, n = 0.0, 0
+    dev = next(student.parameters()).device
+    for i in range(0, len(windows), batch_size):
+        x = windows[i:i + batch_size].to(dev)
+        loss, _ = kd_loss(student, teacher, x)
+        total += loss.item() * x.numel()
+        n += x.numel()
+    return total / max(n, 1)

@@ -1,0 +1,183 @@
+"""``hylo-bench upcycle``: init -> Enhanced-ILD -> staged KL distillation, saving after every stage.
+
+Output directory layout::
+
+    OUT/manifest.json            run settings, per-stage status, tokens seen, losses, held-out KL
+    OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
+    OUT/resume.pt                mid-stage state (removed when the stage completes)
+    OUT/config.json, hybrid_config.json, model.safetensors, tokenizer files   the final student
+
+Re-running the same command on an existing OUT resumes: finished stages are skipped (their checkpoint is
+loaded), an interrupted stage continues from ``resume.pt``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from hylo_bench import __version__
+from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.models.config import default_mla_layers, parse_layout
+from hylo_bench.upcycle.stages import Stage, parse_stages
+
+logger = logging.getLogger(__name__)
+
+DEMO_STAGES = "1k:ild@1M,1k@1.5M"
+
+
+@dataclass(kw_only=True, slots=True)
+class UpcycleConfig:
+    """Settings of one upcycling run (CLI flags map 1:1 onto these fields)."""
+
+    out: str
+    base: str = "demo"
+    teacher: str | None = None
+    layout: str | None = None
+    mla_layers: list[int] | None = None
+    data: str = "demo"
+    stages: str = DEMO_STAGES
+    tokens_per_stage: int = 1_000_000
+    batch_size: int = 4
+    grad_accum: int = 1
+    ild_lr: float = 2e-4
+    kd_lr: float = 6e-5
+    temperature: float = 1.0
+    kl_chunk_size: int = 2048
+    eval_windows: int = 8
+    device: str | None = None
+    seed: int = 42
+    save_stage_checkpoints: bool = True
+    gradient_checkpointing: bool = False
+    mixer_overrides: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
+    """(mla_layers, linear_type) from ``--mla-layers`` or ``--layout`` (default: 2 of 4 for the demo, else 1/4).
+
+    Raises:
+        ValueError: when both are given, or on a malformed layout / index.
+    """
+    if cfg.mla_layers is not None and cfg.layout is not None:
+        raise ValueError("give either --layout or --mla-layers, not both")
+    if cfg.mla_layers is not None:
+        return sorted(cfg.mla_layers), "gdn"
+    if cfg.layout is not None:
+        return parse_layout(cfg.layout, n_layer)
+    return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
+
+
+def _load_hf(spec: str, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+
+    d = resolve_checkpoint_dir(spec)
+    if (d / "hybrid_config.json").is_file():
+        raise ValueError(f"{spec}: is already a HyLo hybrid; --base/--teacher must be a Llama or Qwen3 checkpoint")
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
+    model.requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(d), d
+
+
+def _save_student(student, tokenizer, d: Path) -> None:
+    from hylo_bench.models.checkpoint import save_hylo
+
+    save_hylo(student, d)
+    tokenizer.save_pretrained(d)
+
+
+def run(cfg: UpcycleConfig) -> dict:
+    """Upcycle ``cfg.base`` into a hybrid and distil it; returns the final manifest (also in OUT/manifest.json).
+
+    Raises:
+        ValueError: on bad settings (layout, stages, data) with the offending flag named.
+        FileNotFoundError: unresolvable base/teacher/data.
+    """
+    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.models.loading import default_device
+    from hylo_bench.upcycle.data import build_windows
+    from hylo_bench.upcycle.losses import eval_kl
+    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+    from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = cfg.device or default_device()
+    stages: list[Stage] = parse_stages(cfg.stages, cfg.tokens_per_stage)
+    teacher_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    base, tokenizer, base_dir = _load_hf(cfg.base, device, torch.float32)
+    teacher = base if cfg.teacher in (None, cfg.base) else _load_hf(cfg.teacher, device, teacher_dtype)[0]
+    if teacher.config.vocab_size != base.config.vocab_size:
+        raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
+                         f"{base.config.vocab_size}; distillation needs the same tokenizer")
+    mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
+    hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
+    student = init_student(base, hcfg)
+    if cfg.gradient_checkpointing:
+        student.model.gradient_checkpointing = True
+
+    manifest_path = out / "manifest.json"
+    settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
+                "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed}
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    if manifest and manifest.get("settings") != settings:
+        raise ValueError(f"{manifest_path}: an earlier run with different settings lives in {out}; "
+                         f"use a new --out (earlier: {manifest.get('settings')}, now: {settings})")
+    if manifest is None:
+        manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
+                    "settings": settings, "config": cfg.to_dict(), "base_dir": str(base_dir), "device": device,
+                    "hybrid_config": hcfg.to_hybrid_dict(),
+                    "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
+    held_len = min(stages[0].seq_len_tokens, 1024)
+    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919)
+    if "kl_init" not in manifest:
+        manifest["kl_init"] = eval_kl(student, teacher, held_out)
+        logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
+    atomic_write_json(manifest_path, manifest)
+
+    for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
+        stage_dir = out / "stages" / f"{i}-{stage.name}"
+        if entry["status"] == "done":
+            student = load_hylo(stage_dir, dtype=torch.float32, device=device)
+            continue
+        per_step = cfg.batch_size * cfg.grad_accum
+        n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
+        windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
+        opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
+                            grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
+                            autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i)
+        entry["status"] = "running"
+
+        def on_log(res, entry=entry):
+            entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds)
+            atomic_write_json(manifest_path, manifest)
+
+        res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
+                          out / "resume.pt", on_log=on_log)
+        on_log(res)
+        entry["kl_after"] = eval_kl(student, teacher, held_out)
+        if cfg.save_stage_checkpoints:
+            _save_student(student, tokenizer, stage_dir)
+            entry["checkpoint"] = str(stage_dir)
+        entry["status"] = "done"
+        entry["finished_utc"] = _now()
+        atomic_write_json(manifest_path, manifest)
+        (out / "resume.pt").unlink(missing_ok=True)
+    _save_student(student, tokenizer, out)
+    manifest["final_checkpoint"] = str(out)
+    manifest["finished_utc"] = _now()
+    atomic_write_json(manifest_path, manifest)
+    return manifest

@@ -1,0 +1,87 @@
+"""Training stages of an upcycling run: ``--stages 2k:ild@20M,8k@100M,64k@200M``.
+
+Each item is ``LEN[:KIND][@TOKENS]``: a context length in tokens (``k`` = 1024, ``m`` = 1024^2), an optional
+kind (``ild`` = Enhanced-ILD, ``kd`` = end-to-end KL distillation, the default) and an optional token budget
+(``k``/``M``/``B`` = 10^3/10^6/10^9 tokens; default ``--tokens-per-stage``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+
+@dataclass(kw_only=True, slots=True)
+class Stage:
+    """One stage: ``kind`` in {"ild", "kd"}, context ``seq_len_tokens``, ``token_budget`` tokens in total."""
+
+    kind: str
+    seq_len_tokens: int
+    token_budget: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{format_length(self.seq_len_tokens)}"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"name": self.name}
+
+
+def parse_length(text: str) -> int:
+    """``"8k"`` -> 8192, ``"1m"`` -> 1048576, ``"1000"`` -> 1000 (tokens).
+
+    Raises:
+        ValueError: when the text is not a positive length.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    if not m:
+        raise ValueError(f"length {text!r}: expected a token count such as 1024, 8k or 1m")
+    value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
+    if value < 1 or value != int(value):
+        raise ValueError(f"length {text!r}: must be a positive whole number of tokens")
+    return int(value)
+
+
+def format_length(tokens: int) -> str:
+    """8192 -> ``"8k"``, 1048576 -> ``"1m"``, 1000 -> ``"1000"``."""
+    if tokens % (1024 ** 2) == 0:
+        return f"{tokens // 1024 ** 2}m"
+    if tokens % 1024 == 0:
+        return f"{tokens // 1024}k"
+    return str(tokens)
+
+
+def parse_token_count(text: str) -> int:
+    """``"20M"`` -> 20_000_000, ``"500k"`` -> 500_000, ``"1.5B"`` -> 1_500_000_000 tokens (decimal units).
+
+    Raises:
+        ValueError: on a malformed count.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMbB]?)\s*", text)
+    if not m:
+        raise ValueError(f"token budget {text!r}: expected e.g. 500k, 20M or 1B")
+    return int(float(m.group(1)) * {"": 1, "k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9}[m.group(2).lower()])
+
+
+def parse_stages(spec: str, default_budget: int) -> list[Stage]:
+    """Parse ``--stages``.
+
+    Raises:
+        ValueError: on an empty spec, an unknown kind, or an ILD stage after a KD stage.
+    """
+    stages = []
+    for item in (s for s in spec.split(",") if s.strip()):
+        m = re.fullmatch(r"\s*([^:@]+)(?::(\w+))?(?:@([^@]+))?\s*", item)
+        if not m:
+            raise ValueError(f"--stages item {item!r}: expected LEN[:ild|kd][@TOKENS], e.g. 2k:ild@20M")
+        kind = (m.group(2) or "kd").lower()
+        if kind not in ("ild", "kd"):
+            raise ValueError(f"--stages item {item!r}: kind {kind!r} is not 'ild' or 'kd'")
+        budget = parse_token_count(m.group(3)) if m.group(3) else default_budget
+        stages.append(Stage(kind=kind, seq_len_tokens=parse_length(m.group(1)), token_budget=budget))
+    if not stages:
+        raise ValueError("--stages is empty; e.g. --stages 2k:ild,8k,64k")
+    kinds = [s.kind for s in stages]
+    if "ild" in kinds and "kd" in kinds and kinds.index("kd") < len(kinds) - 1 - kinds[::-1].index("ild"):
+        raise ValueError(f"--stages {spec!r}: ILD stages must come before KD stages (paper §3.2)")
+    return stages

@@ -1,0 +1,136 @@
+"""The stage loop: AdamW + cosine schedule, grad accumulation, clipping, progress, manifest and resume.
+
+One function, :func:`train_stage`, runs an ILD or KD stage on a fixed tensor of windows. Every
+``save_every`` optimizer steps (and at the end) it writes ``resume.pt`` atomically: student weights,
+optimizer, step and losses, so an interrupted stage restarts from the last save with the same next batches.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from hylo_bench.io_utils import atomic_write_bytes
+from hylo_bench.upcycle.losses import ild_loss, kd_loss
+from hylo_bench.upcycle.stages import Stage
+
+
+@dataclass(kw_only=True, slots=True)
+class StageOptions:
+    """Optimisation settings of one stage (training-recipe.md §2.3, §3.3)."""
+
+    lr: float
+    batch_size: int = 1
+    grad_accum: int = 1
+    warmup_ratio: float = 0.01
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    kl_chunk_size: int = 4096
+    save_every: int = 50
+    log_every: int = 1
+    autocast_dtype: torch.dtype | None = None
+    seed: int = 42
+
+
+@dataclass
+class StageResult:
+    """What a stage did: steps, tokens, and the logged losses (``[{"step","loss","tokens",...}]``)."""
+
+    steps: int = 0
+    tokens_seen: int = 0
+    losses: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def cosine_lr(step: int, total: int, warmup_ratio: float) -> float:
+    """LR multiplier: linear warmup over ceil(warmup_ratio * total) steps, then cosine decay to 0."""
+    warm = max(1, math.ceil(warmup_ratio * total))
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def _save_resume(path: Path, student, opt, step: int, result: StageResult) -> None:
+    buf = io.BytesIO()
+    torch.save({"model": student.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "tokens_seen": result.tokens_seen, "losses": result.losses, "seconds": result.seconds}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
+                on_log: Callable[[StageResult], None] | None = None) -> StageResult:
+    """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
+
+    Args:
+        student: ``HyLoForCausalLM`` (fp32 master weights). teacher: HF causal LM, frozen.
+        stage: kind and length. windows: the stage's token windows, consumed in order.
+        opts: optimiser settings. resume_path: where the mid-stage state lives (loaded if present).
+        on_log: called after each logged step (the caller updates the manifest).
+    """
+    per_step = opts.batch_size * opts.grad_accum
+    total_steps = len(windows) // per_step
+    if total_steps == 0:
+        raise ValueError(f"stage {stage.name}: budget {stage.token_budget} tokens is less than one optimizer step "
+                         f"({per_step} x {stage.seq_len_tokens} tokens)")
+    device = next(student.parameters()).device
+    params = [p for p in student.parameters() if p.requires_grad]
+    if stage.kind == "ild":  # embeddings / head get no ILD gradient (teacher forcing); keep them out
+        head = {id(student.lm_head.weight), id(student.model.embed_tokens.weight)}
+        params = [p for p in params if id(p) not in head]
+    opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), weight_decay=0.0)
+    result, start = StageResult(), 0
+    if resume_path.is_file():
+        st = torch.load(resume_path, map_location=device, weights_only=False)
+        student.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        start, result.tokens_seen, result.losses, result.seconds = st["step"], st["tokens_seen"], st["losses"], \
+            st["seconds"]
+    student.train()
+    torch.manual_seed(opts.seed + start)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+               TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("loss {task.fields[loss]:.4f}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, transient=False) as progress:
+        bar = progress.add_task(stage.name, total=total_steps, completed=start, tps=0.0, loss=float("nan"))
+        for step in range(start, total_steps):
+            t0 = time.perf_counter()
+            for g in opt.param_groups:
+                g["lr"] = opts.lr * cosine_lr(step, total_steps, opts.warmup_ratio)
+            opt.zero_grad(set_to_none=True)
+            logs: dict[str, float] = {}
+            loss_sum = 0.0
+            for micro in range(opts.grad_accum):
+                i0 = (step * opts.grad_accum + micro) * opts.batch_size
+                x = windows[i0:i0 + opts.batch_size].to(device)
+                with torch.autocast(device.type, dtype=opts.autocast_dtype, enabled=opts.autocast_dtype is not None):
+                    if stage.kind == "ild":
+                        loss, logs = ild_loss(student, teacher, x)
+                    else:
+                        loss, logs = kd_loss(student, teacher, x, opts.temperature, opts.kl_chunk_size)
+                (loss / opts.grad_accum).backward()
+                loss_sum += loss.item() / opts.grad_accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm).item()
+            opt.step()
+            result.steps = step + 1
+            result.tokens_seen += per_step * windows.shape[1]
+            dt = time.perf_counter() - t0
+            result.seconds += dt
+            tps = per_step * windows.shape[1] / dt
+            if (step + 1) % opts.log_every == 0 or step + 1 == total_steps:
+                result.losses.append({"step": step + 1, "loss": loss_sum, "tokens": result.tokens_seen,
+                                      "lr": opt.param_groups[0]["lr"], "grad_norm": grad_norm,
+                                      "tokens_per_s": tps} | logs)
+                if on_log:
+                    on_log(result)
+            progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
+            if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
+                _save_resume(resume_path, student, opt, step + 1, result)
+    student.eval()
+    return result

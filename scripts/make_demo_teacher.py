@@ -1,0 +1,638 @@
+"""Build the embedded demo teacher shipped in ``hylo_bench/data/demo_teacher/``.
+
+The demo teacher is a 4-layer Llama (hidden 128, about 1.3M parameters) with its own BPE tokenizer. Everything it
+learns from is produced here, from the package's own text and generator:
+
+* Tokenizer: byte-level BPE (vocab 2048, digits split one per token, specials ``<|bos|> <|eos|> <|pad|>``), trained
+  on ``hylo_bench/data/devils-dictionary.txt`` plus RULER prompts drawn with a bootstrap tokenizer that saw only the
+  dictionary (so "special magic", needle words and the noise haystack become compact).
+* Task data: ``hylo_bench.tasks.ruler.generate_sample`` over the same dictionary as essay haystack: all 8 NIAH
+  tasks (niah_single_1/2 and niah_multikey_1 at double weight) plus ruler_vt / ruler_cwe / ruler_fwe at half
+  weight, target lengths uniform in [512, 1536] tokens with a quarter of them exactly 1024. Each training text is
+  the RULER prompt (``prompt`` = input + " " + gen_prefix), one space, the gold answer and EOS; the loss is the
+  answer tokens' cross-entropy plus ``--lm-weight`` times the language-model loss on the prompt tokens.
+* Plain text: random 1024-token chunks of the dictionary (first 95 %; the last 5 % is the validation split) as
+  whole-sequence LM rows, so the teacher is also a small language model of the demo text.
+
+Seeds: generator seeds are ``seed + 1000`` and up for training (the evaluation set is seed 42, never trained on);
+``torch.manual_seed(seed)`` drives the initialisation, a numpy ``default_rng(seed)`` drives lengths, the batch
+order and the layer-0/2 window mode. With ``torch.use_deterministic_algorithms`` and
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``, re-running with the same arguments on the same device type, torch and
+transformers versions reproduces the weights (data generation is order-stable across worker counts).
+
+Conversion-friendly training: on a ``--local-prob`` fraction of the steps, the attention of layers 0 and 2 (the
+layers the HyLo student turns into Gated DeltaNet) is limited to the last ``--local-window`` tokens, so long-range
+retrieval has to live in layers 1 and 3 (the layers kept as MLA). The shipped model is a stock Llama with full
+attention everywhere; the card reports the score in both modes.
+
+Usage (the shipped weights were made on one H200; see the card for the exact command)::
+
+    python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --steps 3000
+    python scripts/make_demo_teacher.py --eval-only hylo_bench/data/demo_teacher --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HAYSTACK_PATH = REPO / "hylo_bench" / "data" / "devils-dictionary.txt"
+SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
+NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+              "niah_multikey_3", "niah_multiquery", "niah_multivalue")
+TASK_WEIGHTS = {t: 1.0 for t in NIAH_TASKS} | {"niah_single_1": 2.0, "niah_single_2": 2.0, "niah_multikey_1": 2.0,
+                                               "ruler_vt": 0.5, "ruler_cwe": 0.5, "ruler_fwe": 0.5}
+EVAL_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
+EVAL_SEED = 42
+TRAIN_SEED_OFFSET = 1000
+LOCAL_LAYERS = (0, 2)
+MAX_NEW_TOKENS = {"ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
+console = Console()
+
+
+@dataclass(kw_only=True, slots=True)
+class Example:
+    """One tokenised training text: ``prompt_ids`` (BOS first) then ``answer_ids`` (EOS last); uint16."""
+
+    prompt_ids: np.ndarray
+    answer_ids: np.ndarray
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("demo_teacher_out"), help="output folder (HF checkpoint)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps")
+    p.add_argument("--seed", type=int, default=0, help="master seed (generator seeds are seed + 1000 and up)")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per step (task samples and text chunks)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine to 10 %%)")
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--num-samples", type=int, default=40000, help="distinct generated task samples")
+    p.add_argument("--text-frac", type=float, default=0.1, help="fraction of rows that are plain-text chunks")
+    p.add_argument("--lm-weight", type=float, default=0.1, help="weight of the LM loss on prompt/text tokens")
+    p.add_argument("--min-len", type=int, default=512, help="shortest target length, tokens")
+    p.add_argument("--max-len", type=int, default=1536, help="longest target length, tokens")
+    p.add_argument("--local-prob", type=float, default=0.5, help="fraction of steps with windowed layers 0/2")
+    p.add_argument("--local-window", type=int, default=64, help="window of layers 0/2 on those steps, tokens")
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for data generation")
+    p.add_argument("--eval-samples", type=int, default=50, help="seed-42 samples per task for the final eval")
+    p.add_argument("--eval-length", type=int, default=1024, help="eval target length, tokens")
+    p.add_argument("--eval-only", type=Path, default=None, help="only evaluate this checkpoint folder")
+    return p.parse_args(argv)
+
+
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE with single-digit number tokens; deterministic for a fixed ``texts`` list."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    bos = tok.token_to_id(SPECIALS[0])
+    tok.post_processor = processors.TemplateProcessing(single=f"{SPECIALS[0]} $A", pair=f"{SPECIALS[0]} $A $B",
+                                                       special_tokens=[(SPECIALS[0], bos)])
+    return tok
+
+
+def wrap_tokenizer(tok):
+    """Wrap a ``tokenizers.Tokenizer`` as the HF fast tokenizer that ``AutoTokenizer`` reloads offline."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[0], eos_token=SPECIALS[1],
+                                   pad_token=SPECIALS[2], model_max_length=4096, clean_up_tokenization_spaces=False)
+
+
+def build_tokenizer(haystack: str, args: argparse.Namespace, workdir: Path):
+    """Two rounds: BPE on the dictionary, then BPE on the dictionary plus RULER text drawn with the first one."""
+    boot = wrap_tokenizer(train_tokenizer(_paragraphs(haystack), args.vocab_size))
+    boot_dir = workdir / "bootstrap_tokenizer"
+    boot.save_pretrained(boot_dir)
+    specs = [(task, 512, i, args.seed + TRAIN_SEED_OFFSET - 1) for task in TASK_WEIGHTS for i in range(16)]
+    texts = []
+    for ex in _run_pool(_text_worker, specs, boot_dir, args.workers, "tokenizer text"):
+        texts.append(ex)
+    return wrap_tokenizer(train_tokenizer(_paragraphs(haystack) + texts, args.vocab_size))
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in text.split("\n\n") if p.strip()]
+
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(tok_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    _WORKER["tok"] = AutoTokenizer.from_pretrained(tok_dir)
+    _WORKER["haystack"] = HAYSTACK_PATH.read_text(encoding="utf-8")
+
+
+def _sample(spec: tuple[str, int, int, int]) -> dict:
+    from hylo_bench.tasks.ruler import generate_sample
+
+    task, length, index, seed = spec
+    return generate_sample(task, _WORKER["tok"], length, index, seed, _WORKER["haystack"])
+
+
+def format_answer(task: str, outputs: list[str]) -> str:
+    """The continuation after ``gen_prefix``: what a good model says (every gold is a substring of it)."""
+    if task in ("ruler_vt", "ruler_fwe"):
+        return " " + " ".join(outputs)
+    if task == "ruler_cwe":
+        return " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(outputs))
+    if len(outputs) == 1:
+        return f" {outputs[0]}."
+    return " " + ", ".join(outputs[:-1]) + f", and {outputs[-1]}."
+
+
+def _text_worker(spec: tuple[str, int, int, int]) -> str:
+    s = _sample(spec)
+    return s["prompt"] + format_answer(spec[0], s["outputs"])
+
+
+def _example_worker(spec: tuple[str, int, int, int]) -> Example:
+    s = _sample(spec)
+    tok = _WORKER["tok"]
+    prompt = tok(s["prompt"]).input_ids
+    answer = tok(format_answer(spec[0], s["outputs"]), add_special_tokens=False).input_ids + [tok.eos_token_id]
+    return Example(prompt_ids=np.asarray(prompt, np.uint16), answer_ids=np.asarray(answer, np.uint16))
+
+
+def _eval_worker(spec: tuple[str, int, int, int]) -> dict:
+    s = _sample(spec)
+    return {"task": spec[0], "prompt": s["prompt"], "outputs": list(s["outputs"])}
+
+
+def _run_pool(fn, specs: list, tok_dir: Path, workers: int, label: str) -> list:
+    """Map ``fn`` over ``specs`` in order (results do not depend on the worker count)."""
+    out = []
+    ctx = mp.get_context("fork")
+    with ctx.Pool(max(1, workers), initializer=_worker_init, initargs=(str(tok_dir),)) as pool, _progress() as bar:
+        job = bar.add_task(label, total=len(specs), info="")
+        for res in pool.imap(fn, specs, chunksize=max(1, min(64, len(specs) // (4 * max(1, workers))))):
+            out.append(res)
+            bar.advance(job)
+    return out
+
+
+def train_specs(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
+    """Task, target length, index and generator seed of every training sample (seeds >= 1000, disjoint from 42)."""
+    rng = np.random.default_rng(args.seed)
+    names = list(TASK_WEIGHTS)
+    probs = np.array([TASK_WEIGHTS[t] for t in names]) / sum(TASK_WEIGHTS.values())
+    tasks = rng.choice(len(names), size=args.num_samples, p=probs)
+    lengths = rng.integers(args.min_len, args.max_len + 1, size=args.num_samples)
+    lengths[rng.random(args.num_samples) < 0.25] = 1024
+    seed = args.seed + TRAIN_SEED_OFFSET
+    return [(names[t], int(n), i, seed) for i, (t, n) in enumerate(zip(tasks, lengths))]
+
+
+def text_ids(tokenizer, haystack: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of the dictionary split 95 / 5 into train and validation text (no BOS)."""
+    ids = np.asarray(tokenizer(haystack, add_special_tokens=False).input_ids, np.int64)
+    cut = int(len(ids) * 0.95)
+    return ids[:cut], ids[cut:]
+
+
+
+
+def build_model(tokenizer, seed: int, vocab_size: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, initializer_range=0.02, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.do_sample = False
+    model.generation_config.max_new_tokens = 128
+    return model
+
+
+class _LocalMode:
+    """Switch read by the training attention function: window layers 0/2 when ``on``."""
+
+    on = False
+    window = 64
+    _masks: dict = {}
+
+    @classmethod
+    def mask(cls, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+        """[1, 1, q_len, kv_len] bool: key j visible to query i iff 0 <= pos_i - j < window (queries are last)."""
+        key = (q_len, kv_len, str(device), cls.window)
+        if key not in cls._masks:
+            d = torch.arange(kv_len - q_len, kv_len, device=device)[:, None] - torch.arange(kv_len, device=device)
+            cls._masks[key] = ((d >= 0) & (d < cls.window))[None, None]
+        return cls._masks[key]
+
+
+def _local_mix_attention(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if _LocalMode.on and module.layer_idx in LOCAL_LAYERS:
+        window = _LocalMode.mask(query.shape[2], key.shape[2], query.device)
+        attention_mask = window if attention_mask is None else attention_mask & window
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def use_local_mix(model, enable: bool) -> None:
+    """Route attention through :func:`_local_mix_attention` (training) or back to plain SDPA (shipping)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register("demo_local_mix", _local_mix_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("demo_local_mix", sdpa_mask)
+    model.config._attn_implementation = "demo_local_mix" if enable else "sdpa"
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                    transient=False)
+
+
+def batch_schedule(examples: list[Example], args: argparse.Namespace, rng: np.random.Generator) -> list[np.ndarray]:
+    """Example indices of every step: shuffled epochs, bucketed by length (16 batches per bucket) to cut padding."""
+    rows = args.batch_size - round(args.batch_size * args.text_frac)
+    lengths = np.array([len(e.prompt_ids) + len(e.answer_ids) for e in examples])
+    steps: list[np.ndarray] = []
+    while len(steps) < args.steps:
+        perm = rng.permutation(len(examples))
+        epoch = []
+        for start in range(0, len(perm) - rows + 1, rows * 16):
+            group = perm[start:start + rows * 16]
+            group = group[np.argsort(lengths[group], kind="stable")]
+            epoch += [group[i:i + rows] for i in range(0, len(group) - rows + 1, rows)]
+        steps += [epoch[i] for i in rng.permutation(len(epoch))]
+    return steps[:args.steps]
+
+
+def make_batch(examples: list[Example], idx: np.ndarray, text: np.ndarray, num_text: int, chunk: int,
+               rng: np.random.Generator, bos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids [B, T]`` and float masks ``ans, ctx [B, T-1]`` over next-token targets."""
+    seqs, ans_starts = [], []
+    for i in idx:
+        e = examples[i]
+        seqs.append(np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64))
+        ans_starts.append(len(e.prompt_ids) - 1)
+    for off in rng.integers(0, len(text) - chunk, size=num_text):
+        seqs.append(np.concatenate([[bos], text[off:off + chunk]]).astype(np.int64))
+        ans_starts.append(None)
+    width = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), width), pad, np.int64)
+    ans = np.zeros((len(seqs), width - 1), np.float32)
+    ctx = np.zeros((len(seqs), width - 1), np.float32)
+    for r, (s, a) in enumerate(zip(seqs, ans_starts)):
+        ids[r, :len(s)] = s
+        if a is None:
+            ctx[r, :len(s) - 1] = 1
+        else:
+            ctx[r, :a] = 1
+            ans[r, a:len(s) - 1] = 1
+    return torch.from_numpy(ids), torch.from_numpy(ans), torch.from_numpy(ctx)
+
+
+def losses(model, ids: torch.Tensor, ans: torch.Tensor, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean next-token cross-entropy over answer targets and over context targets (fp32)."""
+    logits_BTV = model(input_ids=ids).logits[:, :-1]
+    ce_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none").view_as(ans)
+    loss_ans = (ce_BT * ans).sum() / ans.sum().clamp(min=1)
+    loss_ctx = (ce_BT * ctx).sum() / ctx.sum().clamp(min=1)
+    return loss_ans, loss_ctx
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    t = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train(model, examples: list[Example], text: np.ndarray, args: argparse.Namespace, tokenizer) -> list[dict]:
+    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one dict per 50 steps)."""
+    device = torch.device(args.device)
+    rng = np.random.default_rng(args.seed)
+    schedule = batch_schedule(examples, args, rng)
+    num_text = round(args.batch_size * args.text_frac)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    use_local_mix(model, True)
+    _LocalMode.window = args.local_window
+    local_steps = rng.random(args.steps) < args.local_prob
+    log, t0, run = [], time.time(), np.zeros(2)
+    model.train()
+    with _progress() as bar:
+        job = bar.add_task("train", total=args.steps, info="")
+        for step, idx in enumerate(schedule):
+            ids, ans, ctx = make_batch(examples, idx, text, num_text, 1024, rng, tokenizer.bos_token_id,
+                                       tokenizer.pad_token_id)
+            ids, ans, ctx = (t.to(device, non_blocking=True) for t in (ids, ans, ctx))
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args)
+            _LocalMode.on = bool(local_steps[step])
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss_ans, loss_ctx = losses(model, ids, ans, ctx)
+            loss = loss_ans + args.lm_weight * loss_ctx
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            run += np.array([loss_ans.item(), loss_ctx.item()]) if (step + 1) % 10 == 0 else 0
+            if (step + 1) % 50 == 0 or step + 1 == args.steps:
+                n = max(1, ((step + 1) % 50 or 50) // 10)
+                rec = {"step": step + 1, "loss_answer": run[0] / n, "loss_text": run[1] / n,
+                       "lr": lr_at(step, args), "elapsed_s": round(time.time() - t0, 1)}
+                log.append(rec)
+                run[:] = 0
+                bar.update(job, info=f"ans {rec['loss_answer']:.3f} txt {rec['loss_text']:.3f}")
+            bar.advance(job)
+    _LocalMode.on = False
+    use_local_mix(model, False)
+    model.eval()
+    return log
+
+
+@torch.no_grad()
+def text_loss(model, text: np.ndarray, bos: int, device: torch.device, chunk: int = 1024) -> float:
+    """Mean next-token loss (nats) over consecutive BOS-prefixed chunks of ``text``."""
+    total, count = 0.0, 0
+    for off in range(0, len(text) - 1, chunk):
+        ids = torch.from_numpy(np.concatenate([[bos], text[off:off + chunk]]).astype(np.int64))[None].to(device)
+        logits = model(input_ids=ids).logits[0, 1:-1].float()
+        total += F.cross_entropy(logits, ids[0, 2:], reduction="sum").item()
+        count += ids.shape[1] - 2
+    return total / max(1, count)
+
+
+@torch.no_grad()
+def greedy_batch(model, tokenizer, prompts: list[str], max_new: int, device: torch.device) -> list[str]:
+    """Greedy continuation of left-padded prompts without a cache (fast enough at 1K for a 1M model)."""
+    enc = [tokenizer(p).input_ids for p in prompts]
+    width = max(len(e) for e in enc)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in enc], device=device)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
+    done = torch.zeros(len(enc), dtype=torch.bool, device=device)
+    new = []
+    for _ in range(max_new):
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            nxt = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].argmax(-1)
+        nxt = torch.where(done, tokenizer.pad_token_id, nxt)
+        new.append(nxt)
+        done |= nxt == tokenizer.eos_token_id
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        mask = torch.cat([mask, (~done | (nxt == tokenizer.eos_token_id)).long()[:, None]], 1)
+        if done.all():
+            break
+    out = torch.stack(new, 1).tolist()
+    return [tokenizer.decode(o, skip_special_tokens=True) for o in out]
+
+
+def evaluate(model, tokenizer, samples: list[dict], device: torch.device, batch: int = 25) -> dict:
+    """RULER score (0-100, the project's scorer) per task, and a few predictions for the card."""
+    from hylo_bench.tasks.ruler import score_prediction
+
+    by_task: dict[str, list[dict]] = {}
+    for s in samples:
+        by_task.setdefault(s["task"], []).append(s)
+    result = {}
+    for task, group in by_task.items():
+        preds = []
+        for i in range(0, len(group), batch):
+            chunk = group[i:i + batch]
+            preds += greedy_batch(model, tokenizer, [s["prompt"] for s in chunk], MAX_NEW_TOKENS.get(task, 48),
+                                  device)
+        scores = [score_prediction(task, p, s["outputs"]) for p, s in zip(preds, group)]
+        result[task] = {"score": 100 * float(np.mean(scores)), "n": len(group),
+                        "example": {"gold": group[0]["outputs"], "pred": preds[0]}}
+    return result
+
+
+@torch.no_grad()
+def greedy_generate(model, tokenizer, prompts: list[str], max_new: int, device: torch.device) -> list[str]:
+    """Batch-1 ``model.generate`` (greedy, stop at EOS): how the project's RULER runner decodes."""
+    preds = []
+    for p in prompts:
+        ids = tokenizer(p, return_tensors="pt").input_ids.to(device)
+        out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        preds.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    return preds
+
+
+def eval_samples(tasks: tuple[str, ...], args: argparse.Namespace, tok_dir: Path) -> list[dict]:
+    specs = [(t, args.eval_length, i, EVAL_SEED) for t in tasks for i in range(args.eval_samples)]
+    return _run_pool(_eval_worker, specs, tok_dir, args.workers, "eval samples")
+
+
+def render_card(meta: dict) -> str:
+    """The model card (README.md): what the weights are, how they were made, what they score."""
+    rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
+    local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items())
+    last = meta["log"][-1]
+    return f"""# hylo-bench demo teacher
+
+A 4-layer Llama (hidden 128, 4 heads x 32, 2 KV heads, SwiGLU 384, untied head, RoPE theta 10000,
+{meta['num_params']:,} parameters, fp32) with its own byte-level BPE tokenizer, shipped inside the package as the
+default teacher for `hylo-bench upcycle` and `hylo-bench ruler` demos. It is trained from scratch on RULER-style
+retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, and answers
+NIAH prompts of about 1K tokens. Not a general language model: it knows only the demo text and the RULER prompts.
+
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained("hylo_bench/data/demo_teacher")  # offline, no remote code
+model = AutoModelForCausalLM.from_pretrained("hylo_bench/data/demo_teacher")
+```
+
+No chat template: prompts are plain RULER text (input + " " + gen_prefix); the model continues with the answer and
+EOS. Token ids: `<|bos|>` {meta['bos']}, `<|eos|>` {meta['eos']}, `<|pad|>` {meta['pad']}; `tokenizer(text).input_ids`
+starts with BOS (RULER measures lengths this way). Digits are single tokens; vocab {meta['vocab']}.
+
+## How it was made
+
+`scripts/make_demo_teacher.py` (its docstring explains data, seeds and reproducibility). Command:
+
+```
+{meta['command']}
+```
+
+| item | value |
+|---|---|
+| device | {meta['device']} |
+| torch / transformers | {meta['torch']} / {meta['transformers']} |
+| seed | {meta['seed']} (generator seeds {meta['seed'] + TRAIN_SEED_OFFSET} for training; eval uses seed {EVAL_SEED}) |
+| training samples | {meta['num_samples']:,} RULER samples, target lengths {meta['min_len']}-{meta['max_len']} tokens (25 % at 1024) |
+| task mix | {meta['task_mix']} |
+| plain text | {meta['text_frac']:.0%} of rows: 1024-token chunks of the dictionary (first 95 %) |
+| steps x batch | {meta['steps']} x {meta['batch_size']} rows, AdamW lr {meta['lr']}, cosine to 10 %, bf16 autocast |
+| layers 0/2 windowed | {meta['local_prob']:.0%} of steps, window {meta['local_window']} tokens |
+| wall time | data {meta['data_s']:.0f} s, training {meta['train_s']:.0f} s, eval {meta['eval_s']:.0f} s |
+| final loss | answer {last['loss_answer']:.4f}, text {last['loss_text']:.3f} nats/token |
+| held-out text loss | {meta['val_loss']:.3f} nats/token (last 5 % of the dictionary) |
+
+Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 and 2
+into Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact long-range lookup.
+Training so that the lookup also works when layers 0/2 see only {meta['local_window']} tokens keeps the retrieval
+circuit in layers 1 and 3, where it survives the conversion.
+
+## Evaluation (RULER at {meta['eval_length']} tokens, seed {EVAL_SEED}, greedy)
+
+On the build device ({meta['device']}), batched greedy decoding, full attention (the shipped model):
+
+| task | score | samples |
+|---|---|---|
+{rows}
+
+Same, with layers 0/2 limited to a {meta['local_window']}-token window:
+
+| task | score | samples |
+|---|---|---|
+{local}
+
+<!-- eval-cpu -->
+<!-- /eval-cpu -->
+"""
+
+
+def update_card(model_dir: Path, result: dict, args: argparse.Namespace) -> None:
+    """Replace the CPU-verification block of ``README.md`` with ``result``."""
+    import transformers
+
+    card = (model_dir / "README.md").read_text(encoding="utf-8")
+    rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in result.items())
+    block = (f"<!-- eval-cpu -->\nVerified on {args.device} ({platform.processor() or platform.machine()}), torch "
+             f"{torch.__version__}, transformers {transformers.__version__}, batch-1 `model.generate` (how the "
+             f"project's RULER runner decodes), `python {' '.join(sys.argv)}`:\n\n| task | score | samples |\n"
+             f"|---|---|---|\n{rows}\n<!-- /eval-cpu -->")
+    head, rest = card.split("<!-- eval-cpu -->", 1)
+    (model_dir / "README.md").write_text(head + block + rest.split("<!-- /eval-cpu -->", 1)[1], encoding="utf-8")
+
+
+def eval_only(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.eval_only)
+    model = AutoModelForCausalLM.from_pretrained(args.eval_only, dtype=torch.float32).to(device).eval()
+    samples = eval_samples(EVAL_TASKS, args, args.eval_only)
+    from hylo_bench.tasks.ruler import score_prediction
+
+    result = {}
+    for task in EVAL_TASKS:
+        group = [s for s in samples if s["task"] == task]
+        preds = greedy_generate(model, tokenizer, [s["prompt"] for s in group], 128, device)
+        scores = [score_prediction(task, p, s["outputs"]) for p, s in zip(preds, group)]
+        result[task] = {"score": 100 * float(np.mean(scores)), "n": len(group)}
+        console.print(f"{task}: {result[task]['score']:.1f}  e.g. gold {group[0]['outputs']} pred {preds[0]!r}")
+    update_card(args.eval_only, result, args)
+
+
+def save(model, tokenizer, out: Path, meta: dict) -> None:
+    """HF checkpoint (fp32 safetensors), tokenizer files and the card."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.to("cpu").save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    specials = {"bos_token": SPECIALS[0], "eos_token": SPECIALS[1], "pad_token": SPECIALS[2]}
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(render_card(meta), encoding="utf-8")
+    (out / "train_log.json").write_text(json.dumps(meta["log"], indent=1) + "\n", encoding="utf-8")
+
+
+def build(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import transformers
+
+    device = torch.device(args.device)
+    haystack = HAYSTACK_PATH.read_text(encoding="utf-8")
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = build_tokenizer(haystack, args, Path(tmp))
+        tok_dir = Path(tmp) / "tokenizer"
+        tokenizer.save_pretrained(tok_dir)
+        examples = _run_pool(_example_worker, train_specs(args), tok_dir, args.workers, "train samples")
+        evals = eval_samples(tuple(TASK_WEIGHTS), args, tok_dir)
+    text_train, text_val = text_ids(tokenizer, haystack)
+    data_s = time.time() - t0
+    console.print(f"data: {len(examples)} samples, {sum(len(e.prompt_ids) for e in examples):,} prompt tokens, "
+                  f"{len(text_train):,} text tokens, {data_s:.0f} s")
+    model = build_model(tokenizer, args.seed, args.vocab_size).to(device)
+    t1 = time.time()
+    log = train(model, examples, text_train, args, tokenizer)
+    train_s = time.time() - t1
+    t2 = time.time()
+    result = evaluate(model, tokenizer, evals, device)
+    use_local_mix(model, True)
+    _LocalMode.window, _LocalMode.on = args.local_window, True
+    result_local = evaluate(model, tokenizer, evals, device)
+    _LocalMode.on = False
+    use_local_mix(model, False)
+    val_loss = text_loss(model, text_val, tokenizer.bos_token_id, device)
+    eval_s = time.time() - t2
+    for task in result:
+        console.print(f"{task}: {result[task]['score']:.1f} (layers 0/2 windowed: {result_local[task]['score']:.1f})"
+                      f"  e.g. {result[task]['example']}")
+    console.print(f"held-out text loss {val_loss:.3f}; data {data_s:.0f} s, train {train_s:.0f} s, eval {eval_s:.0f} s")
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    meta = {
+        "command": "python " + " ".join(sys.argv), "device": f"{device.type}: {dev_name}", "torch": torch.__version__,
+        "transformers": transformers.__version__, "num_params": sum(p.numel() for p in model.parameters()),
+        "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id,
+        "vocab": len(tokenizer), "task_mix": ", ".join(f"{t} {w:g}" for t, w in TASK_WEIGHTS.items()),
+        "data_s": data_s, "train_s": train_s, "eval_s": eval_s, "val_loss": val_loss, "log": log,
+        "eval": result, "eval_local": result_local,
+    } | {k: getattr(args, k) for k in ("seed", "num_samples", "min_len", "max_len", "text_frac", "steps",
+                                       "batch_size", "lr", "local_prob", "local_window", "eval_length")}
+    save(model, tokenizer, args.out, meta)
+    console.print(f"wrote {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if args.eval_only is not None:
+        eval_only(args)
+    else:
+        build(args)
+
+
+if __name__ == "__main__":
+    main()
