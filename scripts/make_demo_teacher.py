@@ -66,6 +66,8 @@ EVAL_SEED = 42
 TRAIN_SEED_OFFSET = 1000
 LOCAL_LAYERS = (0, 2)
 MAX_NEW_TOKENS = {"ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
+MIN_LEN = {"ruler_vt": 768, "ruler_cwe": 768}
+"""Shortest target lengths that hold the VT one-shot example and the CWE minimum list (with generation room)."""
 console = Console()
 
 
@@ -88,15 +90,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--num-samples", type=int, default=40000, help="distinct generated task samples")
     p.add_argument("--text-frac", type=float, default=0.1, help="fraction of rows that are plain-text chunks")
-    p.add_argument("--lm-weight", type=float, default=0.1, help="weight of the LM loss on prompt/text tokens")
-    p.add_argument("--min-len", type=int, default=512, help="shortest target length, tokens")
-    p.add_argument("--max-len", type=int, default=1536, help="longest target length, tokens")
+    p.add_argument("--lm-weight", type=float, default=0.2, help="weight of the LM loss on prompt/text tokens")
+    p.add_argument("--min-len", type=int, default=640, help="shortest target length (prompt + 128), tokens")
+    p.add_argument("--max-len", type=int, default=1664, help="longest target length (prompt + 128), tokens")
+    p.add_argument("--max-train-s", type=float, default=1e9, help="safety stop for training, seconds (logged)")
     p.add_argument("--local-prob", type=float, default=0.5, help="fraction of steps with windowed layers 0/2")
     p.add_argument("--local-window", type=int, default=64, help="window of layers 0/2 on those steps, tokens")
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for data generation")
+    p.add_argument("--probe-every", type=int, default=250, help="steps between teacher-forced probe evals")
     p.add_argument("--eval-samples", type=int, default=50, help="seed-42 samples per task for the final eval")
     p.add_argument("--eval-length", type=int, default=1024, help="eval target length, tokens")
+    p.add_argument("--eval-max-new", type=int, default=0, help="cap on generated tokens (0 = per-task default)")
     p.add_argument("--eval-only", type=Path, default=None, help="only evaluate this checkpoint folder")
     return p.parse_args(argv)
 
@@ -135,16 +140,13 @@ def build_tokenizer(haystack: str, args: argparse.Namespace, workdir: Path):
     boot = wrap_tokenizer(train_tokenizer(_paragraphs(haystack), args.vocab_size))
     boot_dir = workdir / "bootstrap_tokenizer"
     boot.save_pretrained(boot_dir)
-    specs = [(task, 512, i, args.seed + TRAIN_SEED_OFFSET - 1) for task in TASK_WEIGHTS for i in range(16)]
-    texts = []
-    for ex in _run_pool(_text_worker, specs, boot_dir, args.workers, "tokenizer text"):
-        texts.append(ex)
+    specs = [(task, 1024, i, args.seed + TRAIN_SEED_OFFSET + 1) for task in TASK_WEIGHTS for i in range(16)]
+    texts = _run_pool(_text_worker, specs, boot_dir, args.workers, "tokenizer text")
     return wrap_tokenizer(train_tokenizer(_paragraphs(haystack) + texts, args.vocab_size))
 
 
 def _paragraphs(text: str) -> list[str]:
     return [p for p in text.split("\n\n") if p.strip()]
-
 
 
 _WORKER: dict = {}
@@ -182,10 +184,7 @@ def _text_worker(spec: tuple[str, int, int, int]) -> str:
 
 def _example_worker(spec: tuple[str, int, int, int]) -> Example:
     s = _sample(spec)
-    tok = _WORKER["tok"]
-    prompt = tok(s["prompt"]).input_ids
-    answer = tok(format_answer(spec[0], s["outputs"]), add_special_tokens=False).input_ids + [tok.eos_token_id]
-    return Example(prompt_ids=np.asarray(prompt, np.uint16), answer_ids=np.asarray(answer, np.uint16))
+    return to_example(_WORKER["tok"], spec[0], s["prompt"], s["outputs"])
 
 
 def _eval_worker(spec: tuple[str, int, int, int]) -> dict:
@@ -211,10 +210,11 @@ def train_specs(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
     names = list(TASK_WEIGHTS)
     probs = np.array([TASK_WEIGHTS[t] for t in names]) / sum(TASK_WEIGHTS.values())
     tasks = rng.choice(len(names), size=args.num_samples, p=probs)
-    lengths = rng.integers(args.min_len, args.max_len + 1, size=args.num_samples)
+    # Lengths on a 32-token grid: the generator caches one haystack-size search per (task, length).
+    lengths = rng.integers(args.min_len // 32, args.max_len // 32 + 1, size=args.num_samples) * 32
     lengths[rng.random(args.num_samples) < 0.25] = 1024
     seed = args.seed + TRAIN_SEED_OFFSET
-    return [(names[t], int(n), i, seed) for i, (t, n) in enumerate(zip(tasks, lengths))]
+    return [(names[t], int(max(n, MIN_LEN.get(names[t], 0))), i, seed) for i, (t, n) in enumerate(zip(tasks, lengths))]
 
 
 def text_ids(tokenizer, haystack: str) -> tuple[np.ndarray, np.ndarray]:
@@ -309,7 +309,7 @@ def make_batch(examples: list[Example], idx: np.ndarray, text: np.ndarray, num_t
         e = examples[i]
         seqs.append(np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64))
         ans_starts.append(len(e.prompt_ids) - 1)
-    for off in rng.integers(0, len(text) - chunk, size=num_text):
+    for off in rng.integers(0, len(text) - chunk, size=num_text) if num_text else ():
         seqs.append(np.concatenate([[bos], text[off:off + chunk]]).astype(np.int64))
         ans_starts.append(None)
     width = max(len(s) for s in seqs)
@@ -342,11 +342,13 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model, examples: list[Example], text: np.ndarray, args: argparse.Namespace, tokenizer) -> list[dict]:
-    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one dict per 50 steps)."""
+def train(model, examples: list[Example], text: np.ndarray, probes: list[Example], args: argparse.Namespace,
+          tokenizer) -> list[dict]:
+    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one record per 50 steps)."""
     device = torch.device(args.device)
     rng = np.random.default_rng(args.seed)
     schedule = batch_schedule(examples, args, rng)
+    local_steps = rng.random(args.steps) < args.local_prob
     num_text = round(args.batch_size * args.text_frac)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -354,38 +356,61 @@ def train(model, examples: list[Example], text: np.ndarray, args: argparse.Names
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     use_local_mix(model, True)
     _LocalMode.window = args.local_window
-    local_steps = rng.random(args.steps) < args.local_prob
-    log, t0, run = [], time.time(), np.zeros(2)
+    log, t0, sums = [], time.time(), torch.zeros(2, device=device)
     model.train()
     with _progress() as bar:
         job = bar.add_task("train", total=args.steps, info="")
         for step, idx in enumerate(schedule):
-            ids, ans, ctx = make_batch(examples, idx, text, num_text, 1024, rng, tokenizer.bos_token_id,
-                                       tokenizer.pad_token_id)
-            ids, ans, ctx = (t.to(device, non_blocking=True) for t in (ids, ans, ctx))
+            batch = make_batch(examples, idx, text, num_text, 1024, rng, tokenizer.bos_token_id,
+                               tokenizer.pad_token_id)
+            ids, ans, ctx = (t.to(device, non_blocking=True) for t in batch)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args)
             _LocalMode.on = bool(local_steps[step])
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 loss_ans, loss_ctx = losses(model, ids, ans, ctx)
-            loss = loss_ans + args.lm_weight * loss_ctx
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss_ans + args.lm_weight * loss_ctx).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            run += np.array([loss_ans.item(), loss_ctx.item()]) if (step + 1) % 10 == 0 else 0
-            if (step + 1) % 50 == 0 or step + 1 == args.steps:
-                n = max(1, ((step + 1) % 50 or 50) // 10)
-                rec = {"step": step + 1, "loss_answer": run[0] / n, "loss_text": run[1] / n,
-                       "lr": lr_at(step, args), "elapsed_s": round(time.time() - t0, 1)}
-                log.append(rec)
-                run[:] = 0
-                bar.update(job, info=f"ans {rec['loss_answer']:.3f} txt {rec['loss_text']:.3f}")
+            sums += torch.stack([loss_ans.detach(), loss_ctx.detach()])
             bar.advance(job)
+            last = step + 1 == args.steps or time.time() - t0 > args.max_train_s
+            if (step + 1) % 50 == 0 or last:
+                rec = {"step": step + 1, "loss_answer": sums[0].item() / ((step % 50) + 1),
+                       "loss_text": sums[1].item() / ((step % 50) + 1), "lr": lr_at(step, args),
+                       "elapsed_s": round(time.time() - t0, 1)}
+                sums.zero_()
+                if (step + 1) % args.probe_every == 0 or last:
+                    rec |= probe_accuracy(model, probes, tokenizer, device)
+                    model.train()
+                log.append(rec)
+                bar.update(job, info=f"ans {rec['loss_answer']:.3f} txt {rec['loss_text']:.3f}")
+                console.print(json.dumps(rec))
+            if last:
+                break
     _LocalMode.on = False
     use_local_mix(model, False)
     model.eval()
     return log
+
+
+@torch.no_grad()
+def probe_accuracy(model, probes: list[Example], tokenizer, device: torch.device) -> dict:
+    """Teacher-forced exact match of whole answers on held-out seed-42 probes, full and windowed layers 0/2."""
+    model.eval()
+    ids, ans, _ = make_batch(probes, np.arange(len(probes)), np.zeros(0, np.int64), 0, 0, None,
+                             tokenizer.bos_token_id, tokenizer.pad_token_id)
+    ids, ans = ids.to(device), ans.to(device)
+    out = {}
+    for name, local in (("probe_em", False), ("probe_em_local", True)):
+        _LocalMode.on = local
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
+        wrong = ((pred != ids[:, 1:]) & (ans > 0)).any(-1)
+        out[name] = round(100 * (1 - wrong.float().mean().item()), 1)
+    _LocalMode.on = False
+    return out
 
 
 @torch.no_grad()
@@ -424,7 +449,7 @@ def greedy_batch(model, tokenizer, prompts: list[str], max_new: int, device: tor
     return [tokenizer.decode(o, skip_special_tokens=True) for o in out]
 
 
-def evaluate(model, tokenizer, samples: list[dict], device: torch.device, batch: int = 25) -> dict:
+def evaluate(model, tokenizer, samples: list[dict], device: torch.device, max_new: int = 0, batch: int = 25) -> dict:
     """RULER score (0-100, the project's scorer) per task, and a few predictions for the card."""
     from hylo_bench.tasks.ruler import score_prediction
 
@@ -436,8 +461,8 @@ def evaluate(model, tokenizer, samples: list[dict], device: torch.device, batch:
         preds = []
         for i in range(0, len(group), batch):
             chunk = group[i:i + batch]
-            preds += greedy_batch(model, tokenizer, [s["prompt"] for s in chunk], MAX_NEW_TOKENS.get(task, 48),
-                                  device)
+            preds += greedy_batch(model, tokenizer, [s["prompt"] for s in chunk],
+                                  max_new or MAX_NEW_TOKENS.get(task, 48), device)
         scores = [score_prediction(task, p, s["outputs"]) for p, s in zip(preds, group)]
         result[task] = {"score": 100 * float(np.mean(scores)), "n": len(group),
                         "example": {"gold": group[0]["outputs"], "pred": preds[0]}}
@@ -576,40 +601,63 @@ def save(model, tokenizer, out: Path, meta: dict) -> None:
     (out / "train_log.json").write_text(json.dumps(meta["log"], indent=1) + "\n", encoding="utf-8")
 
 
-def build(args: argparse.Namespace) -> None:
+def to_example(tokenizer, task: str, prompt: str, outputs: list[str]) -> Example:
+    answer = tokenizer(format_answer(task, outputs), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    return Example(prompt_ids=np.asarray(tokenizer(prompt).input_ids, np.uint16),
+                   answer_ids=np.asarray(answer, np.uint16))
+
+
+def make_data(haystack: str, args: argparse.Namespace):
+    """Tokenizer, training examples, seed-42 eval samples (all tasks) and the split dictionary ids."""
     import tempfile
 
-    import transformers
-
-    device = torch.device(args.device)
-    haystack = HAYSTACK_PATH.read_text(encoding="utf-8")
-    t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(haystack, args, Path(tmp))
         tok_dir = Path(tmp) / "tokenizer"
         tokenizer.save_pretrained(tok_dir)
         examples = _run_pool(_example_worker, train_specs(args), tok_dir, args.workers, "train samples")
         evals = eval_samples(tuple(TASK_WEIGHTS), args, tok_dir)
-    text_train, text_val = text_ids(tokenizer, haystack)
+    return tokenizer, examples, evals, *text_ids(tokenizer, haystack)
+
+
+def evaluate_both(model, tokenizer, evals: list[dict], args: argparse.Namespace) -> tuple[dict, dict]:
+    """Seed-42 scores with full attention (as shipped) and with layers 0/2 windowed."""
+    device = torch.device(args.device)
+    result = evaluate(model, tokenizer, evals, device, args.eval_max_new)
+    use_local_mix(model, True)
+    _LocalMode.window, _LocalMode.on = args.local_window, True
+    result_local = evaluate(model, tokenizer, evals, device, args.eval_max_new)
+    _LocalMode.on = False
+    use_local_mix(model, False)
+    for task in result:
+        console.print(f"{task}: {result[task]['score']:.1f} (layers 0/2 windowed: {result_local[task]['score']:.1f})"
+                      f"  e.g. {result[task]['example']}")
+    return result, result_local
+
+
+def build(args: argparse.Namespace) -> None:
+    import transformers
+
+    device = torch.device(args.device)
+    haystack = HAYSTACK_PATH.read_text(encoding="utf-8")
+    t0 = time.time()
+    tokenizer, examples, evals, text_train, text_val = make_data(haystack, args)
+    probes = [to_example(tokenizer, s["task"], s["prompt"], s["outputs"])
+              for t in EVAL_TASKS for s in [e for e in evals if e["task"] == t][:25]]  # fmt: skip
     data_s = time.time() - t0
     console.print(f"data: {len(examples)} samples, {sum(len(e.prompt_ids) for e in examples):,} prompt tokens, "
                   f"{len(text_train):,} text tokens, {data_s:.0f} s")
     model = build_model(tokenizer, args.seed, args.vocab_size).to(device)
     t1 = time.time()
-    log = train(model, examples, text_train, args, tokenizer)
+    log = train(model, examples, text_train, probes, args, tokenizer)
     train_s = time.time() - t1
+    model.to("cpu").save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    model.to(device)
     t2 = time.time()
-    result = evaluate(model, tokenizer, evals, device)
-    use_local_mix(model, True)
-    _LocalMode.window, _LocalMode.on = args.local_window, True
-    result_local = evaluate(model, tokenizer, evals, device)
-    _LocalMode.on = False
-    use_local_mix(model, False)
+    result, result_local = evaluate_both(model, tokenizer, evals, args)
     val_loss = text_loss(model, text_val, tokenizer.bos_token_id, device)
     eval_s = time.time() - t2
-    for task in result:
-        console.print(f"{task}: {result[task]['score']:.1f} (layers 0/2 windowed: {result_local[task]['score']:.1f})"
-                      f"  e.g. {result[task]['example']}")
     console.print(f"held-out text loss {val_loss:.3f}; data {data_s:.0f} s, train {train_s:.0f} s, eval {eval_s:.0f} s")
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     meta = {

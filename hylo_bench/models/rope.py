@@ -43,7 +43,7 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
     Raises:
         ValueError: on an unsupported ``rope_type`` (supported: yarn, default/none; linear).
     """
-    idx = torch.arange(0, rope_dim, 2, dtype=torch.float64)
+    idx = torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu")  # never on meta
     inv_extra = 1.0 / (base ** (idx / rope_dim))
     if not rope_scaling:
         return inv_extra, 1.0
@@ -61,7 +61,7 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
                                       rope_scaling.get("beta_slow", 1))
     if low == high:
         high += 0.001  # DeepSeek: avoid a zero-width ramp
-    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
     inv_inter = inv_extra / factor
     # ramp = 0 below `low`: keep the original frequency; ramp = 1 above `high`: fully interpolated.
     inv_freq = inv_inter * ramp + inv_extra * (1 - ramp)

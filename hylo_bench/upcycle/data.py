@@ -9,6 +9,7 @@ Windows are deterministic given the seed, so a resumed run sees the same batches
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from hylo_bench.tasks.ruler import generate_sample
 
 DEMO_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
               "niah_multiquery", "niah_multivalue")
-TRAIN_SEED_BASE = 10_000  # evaluation uses seed 42; training samples never share its per-sample seeds
+TRAIN_SEED_BASE = 10_000
+ANSWER_ROOM = 48  # tokens left for the gold answer + EOS in a retrieval window
+logger = logging.getLogger(__name__)  # evaluation uses seed 42; training samples never share its per-sample seeds
 
 
 def shipped_text() -> str:
@@ -64,18 +67,29 @@ def load_documents(path: str | Path) -> list[str]:
 
 
 def retrieval_examples(tokenizer, seq_len: int, count: int, seed: int) -> list[list[int]]:
-    """``count`` RULER-style examples (prompt + gold answer + EOS) of about ``seq_len`` tokens.
+    """Up to ``count`` RULER-style examples (prompt + gold answer + EOS) of at most ``seq_len`` tokens.
 
-    Uses the project's RULER generator with seeds ``TRAIN_SEED_BASE + seed`` (never the evaluation seeds).
+    Uses the project's RULER generator with seeds ``TRAIN_SEED_BASE + seed`` (never the evaluation seeds). The
+    generator reserves ``max_gen_toks`` for the answer; we ask for ``seq_len + max_gen_toks - ANSWER_ROOM`` so
+    prompt + answer fill the window. Returns [] when ``seq_len`` is too short for a retrieval prompt.
     """
+    from hylo_bench.tasks.ruler import get_task
+
     text = shipped_text()
     out = []
     for i in range(count):
         task = DEMO_TASKS[i % len(DEMO_TASKS)]
-        s = generate_sample(task, tokenizer, seq_len, index=i, seed=TRAIN_SEED_BASE + seed, haystack_text=text)
+        target = seq_len + get_task(task).max_gen_toks - ANSWER_ROOM
+        try:
+            s = generate_sample(task, tokenizer, target, index=i, seed=TRAIN_SEED_BASE + seed, haystack_text=text)
+        except ValueError as e:  # the window is shorter than the task's smallest prompt
+            logger.warning("no retrieval examples at %d tokens (%s); using text only", seq_len, e)
+            return []
         answer = " " + ", ".join(s["outputs"]) + "."
         ids = tokenizer(s["prompt"]).input_ids + tokenizer(answer, add_special_tokens=False).input_ids
-        out.append(ids + [tokenizer.eos_token_id])
+        ids.append(tokenizer.eos_token_id)
+        if len(ids) <= seq_len:
+            out.append(ids)
     return out
 
 
@@ -127,10 +141,10 @@ def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: in
     if data == "demo":
         docs = split_documents(shipped_text())
         text = text_windows(docs, tokenizer, seq_len)
-        n_ret = num_windows // 2
-        filler = text.flatten().tolist()
-        ret = pack_windows(retrieval_examples(tokenizer, seq_len, n_ret, seed), filler, seq_len) if n_ret else \
+        examples = retrieval_examples(tokenizer, seq_len, num_windows // 2, seed)
+        ret = pack_windows(examples, text.flatten().tolist(), seq_len) if examples else \
             torch.empty(0, seq_len, dtype=torch.long)
+        n_ret = len(ret)
         idx = [rng.randrange(len(text)) for _ in range(num_windows - n_ret)]
         windows = torch.cat([ret, text[idx]])
     else:

@@ -50,6 +50,7 @@ class UpcycleConfig:
     temperature: float = 1.0
     kl_chunk_size: int = 2048
     eval_windows: int = 8
+    save_every: int = 50
     device: str | None = None
     seed: int = 42
     save_stage_checkpoints: bool = True
@@ -158,7 +159,8 @@ def run(cfg: UpcycleConfig) -> dict:
         windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
-                            autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i)
+                            autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
+                            save_every=cfg.save_every)
         entry["status"] = "running"
 
         def on_log(res, entry=entry):

@@ -233,6 +233,8 @@ def test_select_backend_reason_names_the_problem():
     for part in ("fla 0.6.0", "triton 3.6.0", "3.7.1", "TileLang", "#640", "9.0"):
         assert part in reason
     assert select_gdn_backend("cpu", True, env=fake_env())[0] == "torch"
+    assert select_gdn_backend("cuda", False, dtype=torch.float64, env=fake_env(triton_version="3.7.1"))[0] == "torch"
+    assert select_gdn_backend("cuda", False, dtype=torch.bfloat16, env=fake_env())[0] == "fla"
     name, reason = select_gdn_backend("cuda", False, env=fake_env(fla_version=None))
     assert "hylo-bench[gpu]" in reason
 

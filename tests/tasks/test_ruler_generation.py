@@ -31,7 +31,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     extra += [str(rng.randint(10**6, 10**7 - 1)) for _ in range(6000)]
     tok = Tokenizer(models.BPE())
     split = pre_tokenizers.Split(Regex(r" ?[^\s]+|\s+"), behavior="isolated")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=6144, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
@@ -64,7 +65,9 @@ def test_registry_matches_ruler_md_table():
         "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
         "niah_multikey_3", "niah_multiquery", "niah_multivalue", "ruler_vt", "ruler_cwe", "ruler_fwe",
     ]  # fmt: skip
-    rows = {name: (t.haystack, t.key_type, t.value_type, t.num_keys, t.num_values, t.num_queries) for name, t in TASKS.items()}
+    rows = {
+        n: (t.haystack, t.key_type, t.value_type, t.num_keys, t.num_values, t.num_queries) for n, t in TASKS.items()
+    }
     assert rows["niah_single_1"] == ("repeat", "words", "numbers", 1, 1, 1)
     assert rows["niah_single_3"] == ("essay", "words", "uuids", 1, 1, 1)
     assert rows["niah_multikey_1"] == ("essay", "words", "numbers", 4, 1, 1)
@@ -107,7 +110,9 @@ def test_split_sentences_round_trips_and_skips_abbreviations():
     text = 'ABASEMENT, n. A decent attitude. Dr. Johnson said "no." Then he left! 42 men stayed? yes. End'
     sents = haystack.split_sentences(text)
     assert " ".join(sents) == text
-    assert sents == ["ABASEMENT, n. A decent attitude.", 'Dr. Johnson said "no."', "Then he left!", "42 men stayed? yes.", "End"]
+    assert sents == [
+        "ABASEMENT, n. A decent attitude.", 'Dr. Johnson said "no."', "Then he left!", "42 men stayed? yes.", "End"
+    ]  # fmt: skip
     words = haystack.essay_words(haystack.default_haystack_text())
     assert haystack.essay_prefix(words, len(words) + 3).split(" ")[-3:] == list(words[:3])
 
@@ -126,11 +131,11 @@ def test_largest_fitting_matches_brute_force():
         budget = rng.randint(base + per_unit + 3, 50_000)
         start = rng.randint(1, 4000)
         got = sampling.largest_fitting(measure, budget=budget, n_min=1, n_max=4000, n_start=start)
+        assert len(set(calls)) <= 30, trial
         fits = [n for n in range(1, 4001) if measure(n) <= budget]
         # non-monotone jitter: the answer fits and its successor does not (or it is the cap)
         assert measure(got) <= budget and (got == 4000 or measure(got + 1) > budget), trial
-        assert got >= max(fits) - 1
-        assert len(set(calls)) < 40
+        assert got >= max(fits) - 3
     with pytest.raises(sampling.PromptTooLongError):
         sampling.largest_fitting(lambda n: 100 + n, budget=50, n_min=1, n_max=10, n_start=5)
 
@@ -151,7 +156,8 @@ def test_prompt_fits_budget_tightly(tok, samples, task, length):
 
 
 def _niah_keys(sample: dict) -> list[str]:
-    query = re.match(r"The special magic \w+ for (.*) mentioned in the provided text (is|are)$", sample["gen_prefix"])[1]
+    pattern = r"The special magic \w+ for (.*) mentioned in the provided text (is|are)$"
+    query = re.match(pattern, sample["gen_prefix"])[1]
     return re.split(r", and |, ", query)
 
 
@@ -214,10 +220,12 @@ def test_vt_chain_and_prompt(samples, length):
         names = s["outputs"]
         assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)
         example, real = s["input"].split("\n\n\n\n")
-        assert real.startswith("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n")
+        assert real.startswith(
+            "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+        )
         assert real.endswith("Question: Find all variables that are assigned the value "
                              f"{s['gen_prefix'].split('value ')[1].split(',')[0]} in the text above.")  # fmt: skip
-        value = re.search(rf"VAR {names[0]} = (\d{{5}})\n", real)[1]
+        value = re.search(rf"VAR {names[0]} = (\d{{5}}) ", real)[1]
         for a, b in zip(names, names[1:]):
             assert f"VAR {b} = VAR {a} " in real
         assert s["gen_prefix"] == (
@@ -252,7 +260,10 @@ def test_cwe_counts(samples, length):
 @pytest.mark.parametrize("length", (1024, 4096))
 def test_fwe_counts(samples, length):
     for s in samples("ruler_fwe", length):
-        head = "Read the following coded text and track the frequency of each coded word. Find the three most frequently appeared coded words. "
+        head = (
+            "Read the following coded text and track the frequency of each coded word. "
+            "Find the three most frequently appeared coded words. "
+        )
         assert s["input"].startswith(head)
         context, question = s["input"][len(head) :].split("\nQuestion: ")
         assert question == ("Do not provide any explanation. Please ignore the dots '....'. What are the three most "
@@ -262,7 +273,9 @@ def test_fwe_counts(samples, length):
         assert [w for w, _ in ranked[1:4]] == s["outputs"] and ranked[3][1] > ranked[4][1]
         counts = generators.fwe_counts(s["haystack_units"], length // 50)
         assert [c for _, c in ranked[:4]] == counts[:4]
-        assert s["gen_prefix"] == "Answer: According to the coded text above, the three most frequently appeared words are:"
+        assert s["gen_prefix"] == (
+            "Answer: According to the coded text above, the three most frequently appeared words are:"
+        )
 
 
 def _clear_caches():

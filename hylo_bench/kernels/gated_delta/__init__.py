@@ -67,8 +67,8 @@ def gated_delta_rule(
         initial_state: [B, HV, K, V] K-first state; zeros when None.
         output_final_state: also return the final state.
         use_qk_l2norm_in_kernel: l2-normalise q and k inside the op (eps 1e-6), as fla's flag.
-        backend: "auto" (CPU -> torch; CUDA -> fla unless fla is missing or refuses a needed backward,
-            see ``select_gdn_backend``), "torch" or "fla".
+        backend: "auto" (CPU or float64 -> torch; CUDA -> fla unless fla is missing or refuses a needed
+            backward, see ``select_gdn_backend``), "torch" or "fla".
 
     Returns:
         o [B, T, HV, V] in q's dtype and the final state [B, HV, K, V] (float32) or None.
@@ -87,7 +87,7 @@ def gated_delta_rule(
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
         )
-        backend, reason = select_gdn_backend(q.device, needs_grad)
+        backend, reason = select_gdn_backend(q.device, needs_grad, dtype=q.dtype)
         _log_choice_once(backend, reason)
     kwargs = {
         "scale": scale,

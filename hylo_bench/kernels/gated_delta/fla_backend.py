@@ -133,13 +133,18 @@ def fla_backward_refusal(env: GDNEnvironment) -> str | None:
 
 
 def select_gdn_backend(
-    device: torch.device | str, needs_grad: bool, *, env: GDNEnvironment | None = None
+    device: torch.device | str,
+    needs_grad: bool,
+    *,
+    dtype: torch.dtype | None = None,
+    env: GDNEnvironment | None = None,
 ) -> tuple[str, str]:
     """Choose the GDN kernel back end for tensors on ``device``.
 
     Args:
         device: where the tensors live.
         needs_grad: whether the call must support a backward pass.
+        dtype: dtype of q/k/v if known; fla's Triton kernels do not compile for float64 (torch is picked).
         env: environment to decide on; probed (and cached per device) when None. Tests pass a fake one.
 
     Returns:
@@ -149,6 +154,8 @@ def select_gdn_backend(
     device = torch.device(device)
     if device.type != "cuda":
         return "torch", f"tensors on {device.type}; fla kernels are only wired for CUDA/ROCm"
+    if dtype == torch.float64:
+        return "torch", "float64 inputs; fla kernels take fp16/bf16/fp32"
     if env is None:
         env = _cached_probe(device.type, device.index)
     if env.fla_version is None:

@@ -231,7 +231,8 @@ def build_cwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
     )
     text = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=context)
     text = text[: text.rfind(CWE_ANSWER_PREFIX)].strip()
-    return Built(input=text, outputs=answer, gen_prefix=CWE_ANSWER_PREFIX.strip(), extra={"input_example": input_example})
+    extra = {"input_example": input_example}
+    return Built(input=text, outputs=answer, gen_prefix=CWE_ANSWER_PREFIX.strip(), extra=extra)
 
 
 def fwe_counts(num_words: int, vocab_size: int) -> list[int]:

@@ -103,6 +103,7 @@ def random_needle(kind: str, rng: random.Random) -> str:
     raise ValueError(f"needle type must be one of words, numbers, uuids; got {kind!r}")
 
 
+@functools.cache
 def default_haystack_text() -> str:
     """The shipped essay haystack text (``hylo_bench/data/devils-dictionary.txt``)."""
     return importlib.resources.files("hylo_bench").joinpath("data", DEFAULT_ESSAY).read_text(encoding="utf-8")
@@ -153,8 +154,9 @@ def split_sentences(text: str) -> list[str]:
     """Split single-space-separated text into sentences with a regex (offline stand-in for NLTK punkt).
 
     A sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes, brackets or ``_``) followed by a space and a
-    word that starts with an upper-case letter, digit, quote or bracket, unless the token before the period is
-    a known abbreviation or a single letter. Joining the result with single spaces gives ``text`` back.
+    word that starts with an upper-case letter, digit, quote or bracket; a bare period after a known
+    abbreviation (``Dr.``, ``n.``, ``e.g.``) or a single letter does not end one. Joining the result with single
+    spaces gives ``text`` back.
 
     Deviation: lm-eval 0.4.13 uses ``nltk.sent_tokenize`` (punkt_tab), unavailable offline; the split only
     decides where needles may be inserted (ruler.md section 3.1).

@@ -44,6 +44,7 @@ class RulerConfig:
         haystack_path: essay haystack text file; ``None`` = the shipped ``devils-dictionary.txt``.
         batch_size: prompts per ``generate`` call (left-padded when > 1).
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
+        device: ``cpu`` / ``cuda`` (default: cuda when available).
     """
 
     model: str
@@ -55,6 +56,7 @@ class RulerConfig:
     haystack_path: str | Path | None = None
     batch_size: int = 1
     chat_template: bool = False
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
@@ -82,12 +84,16 @@ class RulerConfig:
         return out
 
 
-def run(cfg: RulerConfig) -> dict:
-    """Load ``cfg.model`` and evaluate it; see :func:`evaluate_model` for the returned summary."""
+def run(cfg: RulerConfig, *, console: Console | None = None) -> dict:
+    """Load ``cfg.model`` with ``hylo_bench.models.loading.load_model`` and evaluate it.
+
+    Returns:
+        The summary of :func:`evaluate_model` (the ``--json`` object).
+    """
     from hylo_bench.models.loading import load_model
 
-    model, tokenizer, info = load_model(cfg.model)
-    return evaluate_model(model, tokenizer, info, cfg)
+    model, tokenizer, info = load_model(cfg.model, device=cfg.device)
+    return evaluate_model(model, tokenizer, info, cfg, console=console)
 
 
 class _RateColumn(ProgressColumn):
@@ -96,8 +102,8 @@ class _RateColumn(ProgressColumn):
 
 
 def _progress(console: Console | None) -> Progress:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(), TimeRemainingColumn())
-    return Progress(*columns, console=console or Console(stderr=True))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn())
+    return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -160,6 +166,41 @@ def _results_path(results_dir: Path, model_name: str) -> Path:
     return path
 
 
+def _header(model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str) -> dict:
+    return {
+        "kind": "ruler",
+        "hylo_bench_version": hylo_bench.__version__,
+        "git_sha": git_sha(),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
+        "tokenizer_hash": tok_hash,
+        "seed": cfg.seed,
+        "samples_per_task": cfg.samples,
+        "chat_template": cfg.chat_template,
+        "flavor": FLAVOR,
+        "haystack_sha256": text_hash(haystack_text),
+        "config": cfg.to_dict(),
+        "records": [],
+        "mean": {},
+    }
+
+
+def _record(task: str, length: int, seed: int, samples: list[dict], predictions: list[str]) -> dict:
+    agg = task_score(task, predictions, [s["outputs"] for s in samples], flavor=FLAVOR)
+    prompt_tokens = [s["prompt_tokens"] for s in samples]
+    return {
+        "task": task,
+        "seq_len": length,
+        "score": agg["score"],
+        "n": agg["n"],
+        "seed": seed,
+        "nulls": agg["nulls"],
+        "prompt_tokens_mean": statistics.fmean(prompt_tokens),
+        "prompt_tokens_min": min(prompt_tokens),
+        "prompt_tokens_max": max(prompt_tokens),
+    }
+
+
 def _means(records: list[dict]) -> dict[str, float]:
     lengths = sorted({r["seq_len"] for r in records})
     return {str(n): mean_score(r["score"] for r in records if r["seq_len"] == n) for n in lengths}
@@ -192,22 +233,7 @@ def evaluate_model(
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = _results_path(results_dir, str(model_info["name"]))
-    doc = {
-        "kind": "ruler",
-        "hylo_bench_version": hylo_bench.__version__,
-        "git_sha": git_sha(),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
-        "tokenizer_hash": tok_hash,
-        "seed": cfg.seed,
-        "samples_per_task": cfg.samples,
-        "chat_template": cfg.chat_template,
-        "flavor": FLAVOR,
-        "haystack_sha256": text_hash(haystack_text),
-        "config": cfg.to_dict(),
-        "records": [],
-        "mean": {},
-    }
+    doc = _header(model_info, cfg, tok_hash, haystack_text)
     if hasattr(model, "eval"):
         model.eval()
     scores: dict[str, dict[str, float]] = {}
@@ -226,22 +252,11 @@ def evaluate_model(
                 progress.remove_task(gen_bar)
                 max_new = get_task(task).max_gen_toks
                 preds = _predict(model, tokenizer, samples, cfg, max_new, lambda k: progress.advance(bar, k))
-                agg = task_score(task, preds, [s["outputs"] for s in samples], flavor=FLAVOR)
-                prompt_tokens = [s["prompt_tokens"] for s in samples]
-                doc["records"].append({
-                    "task": task,
-                    "seq_len": length,
-                    "score": agg["score"],
-                    "n": agg["n"],
-                    "seed": cfg.seed,
-                    "nulls": agg["nulls"],
-                    "prompt_tokens_mean": statistics.fmean(prompt_tokens),
-                    "prompt_tokens_min": min(prompt_tokens),
-                    "prompt_tokens_max": max(prompt_tokens),
-                })
+                record = _record(task, length, cfg.seed, samples, preds)
+                doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
                 atomic_write_json(path, doc)
-                scores.setdefault(task, {})[str(length)] = agg["score"]
+                scores.setdefault(task, {})[str(length)] = record["score"]
     return {"model": model_info["name"], "scores": scores, "mean": doc["mean"], "results_path": str(path)}
 
 

@@ -12,15 +12,8 @@ import math
 import random
 from typing import Any, Callable
 
-from hylo_bench.tasks.ruler.generators import (
-    VT_EXAMPLE_BUDGET_TOKENS,
-    BuildContext,
-    Built,
-    build,
-    cwe_words,
-    vt_text,
-)
-from hylo_bench.tasks.ruler.haystack import default_haystack_text, essay_words
+from hylo_bench.tasks.ruler.generators import VT_EXAMPLE_BUDGET_TOKENS, BuildContext, Built, build, vt_text
+from hylo_bench.tasks.ruler.haystack import cwe_words, default_haystack_text, essay_words
 from hylo_bench.tasks.ruler.registry import RulerTask, get_task
 
 SAMPLE_TOLERANCE = 0.005
@@ -72,7 +65,8 @@ def largest_fitting(
     Interpolation search with bisection fallback: probes ``n_start`` first, extrapolates linearly until a probe
     overshoots, then interpolates inside the bracket (every second step bisects, so the bracket at least halves
     every two steps). Stops early at a fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``.
-    ``measure`` should memoise; it is called about 3-8 times for a cold search.
+    ``measure`` is called at most once per ``n``: about 4-10 times for a cold search, once or twice from a
+    good ``n_start``.
 
     Raises:
         PromptTooLongError: ``measure(n_min) > budget``.
@@ -106,7 +100,8 @@ def largest_fitting(
 
 
 def _size_bounds(task: RulerTask, length_tokens: int) -> tuple[int, int]:
-    """Haystack units allowed: NIAH lines >= #needles; CWE 10 ... 8166 words; others >= 1 (<= 8 units/token)."""
+    """Haystack units allowed: NIAH lines >= #needles; CWE 10 ... 8166 words (lm-eval's pool, ruler.md section 8
+    row 4); others >= 1. The upper bound 8 x length only guards against tokenizers that under-count."""
     cap = 8 * length_tokens
     if task.generator == "niah" and task.haystack != "essay":
         return task.num_needle_keys * task.num_values, cap
@@ -164,8 +159,12 @@ def _fit(
     chat_template: bool,
     n_start: int,
     tol_tokens: int,
-) -> tuple[int, Built, str, int]:
-    """Search the haystack size for one rng seed; returns (units, built, prompt, prompt_tokens)."""
+) -> tuple[int, Built, str, int, float]:
+    """Search the haystack size for one rng seed.
+
+    Returns:
+        (units, built, prompt, prompt_tokens, tokens per unit between ``n_min`` and ``units``).
+    """
     memo: dict[int, tuple[Built, str, int]] = {}
 
     def measure(n: int) -> int:
@@ -185,14 +184,18 @@ def _fit(
             f"length_tokens={length_tokens} is too small for RULER task {task.name!r}: its smallest prompt is "
             f"{memo[n_min][2]} tokens + max_gen_toks={task.max_gen_toks}; use a length >= {need}"
         ) from err
-    return (n, *memo[n])
+    slope = (memo[n][2] - memo[n_min][2]) / (n - n_min) if n > n_min else 1.0
+    return (n, *memo[n], max(slope, 1e-3))
 
 
 @functools.lru_cache(maxsize=256)
 def fitted_size(
     task: str, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, chat_template: bool
-) -> int:
-    """Haystack units for (task, tokenizer, length): exact largest fit of a probe sample (cached).
+) -> tuple[int, float]:
+    """Haystack size for (task, tokenizer, length): the exact largest fit of a probe sample (cached).
+
+    Returns:
+        (units, prompt tokens per unit) of the probe sample.
 
     Raises:
         PromptTooLongError: the length cannot hold the task's smallest prompt.
@@ -201,7 +204,8 @@ def fitted_size(
     ctx = _context(spec, tokenizer, length_tokens, seed, haystack_text)
     probe_seed = sample_seed(seed, f"{task}/probe", length_tokens, 0)
     n_min, _ = _size_bounds(spec, length_tokens)
-    return _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, 0)[0]
+    n, _, _, _, slope = _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, 0)
+    return n, slope
 
 
 def generate_sample(
@@ -218,8 +222,9 @@ def generate_sample(
 
     Deterministic in (task, tokenizer, length_tokens, index, seed, haystack_text, chat_template): the sample's
     ``random.Random`` is seeded by :func:`sample_seed`, and the haystack size comes from a cached probe search
-    (:func:`fitted_size`) refined per sample by :func:`largest_fitting` (shrink on overshoot, grow while the
-    slack exceeds 0.5% of the length).
+    (:func:`fitted_size`) refined per sample by :func:`largest_fitting`: it starts a quarter percent below the
+    probe's fit, shrinks on overshoot and grows while the slack exceeds 0.5% of the length (usually one
+    tokenization per sample).
 
     Args:
         task: a name from ``TASKS`` (e.g. ``"niah_single_1"``, ``"ruler_vt"``).
@@ -244,11 +249,13 @@ def generate_sample(
     if not isinstance(index, int) or index < 0:
         raise ValueError(f"index must be an int >= 0, got {index!r}")
     text = default_haystack_text() if haystack_text is None else haystack_text
-    n_start = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template)
+    n_probe, slope = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template)
     ctx = _context(spec, tokenizer, length_tokens, seed, text)
     tol = int(SAMPLE_TOLERANCE * length_tokens)
+    # Start half a tolerance below the probe's fit: most samples then fit at the first probe and stop there.
+    n_start = n_probe - int(0.5 * tol / slope)
     seed_int = sample_seed(seed, task, length_tokens, index)
-    n, built, prompt, num_tokens = _fit(spec, tokenizer, length_tokens, seed_int, ctx, chat_template, n_start, tol)
+    n, built, prompt, num_tokens, _ = _fit(spec, tokenizer, length_tokens, seed_int, ctx, chat_template, n_start, tol)
     return {
         "index": index,
         "input": built.input,

@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny tokenizer, tiny Llama / Qwen3 base checkpoints, tiny hybrid configs. No downloads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_tokenizer(vocab_size: int = 400):
+    """Byte-level BPE with single-digit tokens trained on the shipped text; BOS prepended, EOS id 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from hylo_bench.upcycle.data import shipped_text
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([shipped_text()[:60000]], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tokenizer()
+
+
+def make_base(kind: str = "llama", vocab_size: int = 400, seed: int = 0):
+    """Tiny random HF base model: hidden 64, 4 layers, 4 heads x 16, 2 KV heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+              bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**kw, rms_norm_eps=1e-6)).eval()
+    return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory, tiny_tokenizer):
+    """A saved tiny Llama checkpoint with its tokenizer (the upcycling base)."""
+    d = tmp_path_factory.mktemp("tiny_llama")
+    make_base("llama", vocab_size=len(tiny_tokenizer)).save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
+def tiny_hybrid_config(**overrides):
+    from hylo_bench.models.config import HyLoConfig
+
+    kw = dict(vocab_size=97, hidden_size=64, intermediate_size=128, n_layer=4, mla_layers=[1, 3],
+              num_attention_heads=4, num_key_value_heads=2, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+              qk_nope_head_dim=8, v_head_dim=16, gdn_num_heads=2, gdn_head_dim=16, rope_theta=10000.0,
+              eos_token_id=None)
+    kw.update(overrides)
+    return HyLoConfig(**kw)
