@@ -57,6 +57,10 @@ def upcycle(
     q_lora_rank: Optional[int] = typer.Option(None, "--q-lora-rank"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     seed: int = typer.Option(42, "--seed"),
+    stage_checkpoints: bool = typer.Option(True, "--stage-checkpoints/--no-stage-checkpoints",
+                                           help="Save the student after every stage (OUT/stages/)."),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute each layer."),
+    eval_windows: int = typer.Option(8, "--eval-windows", help="Held-out windows for the KL before/after."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
     from hylo_bench.upcycle.run import DEMO_STAGES, UpcycleConfig, run
@@ -68,7 +72,8 @@ def upcycle(
                             data=data, stages=stages or (DEMO_STAGES if demo else "2k:ild,8k"),
                             tokens_per_stage=parse_token_count(tokens_per_stage), batch_size=batch_size,
                             grad_accum=grad_accum, ild_lr=ild_lr, kd_lr=kd_lr or (1e-3 if demo else 6e-5),
-                            device=device, seed=seed,
+                            device=device, seed=seed, save_stage_checkpoints=stage_checkpoints,
+                            gradient_checkpointing=gradient_checkpointing, eval_windows=eval_windows,
                             mixer_overrides={"kv_lora_rank": kv_lora_rank, "q_lora_rank": q_lora_rank})
         manifest = run(cfg)
     except (ValueError, FileNotFoundError) as e:

@@ -48,7 +48,12 @@ def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
 
 
 def git_sha(cwd: str | Path | None = None) -> str:
-    """The current git commit of the hylo-bench source tree (or ``cwd``), ``"unknown"`` outside git."""
+    """The current git commit of the hylo-bench source tree (or ``cwd``), ``"unknown"`` outside git.
+
+    ``HYLO_BENCH_GIT_SHA`` overrides it (for copies of the tree without ``.git``, e.g. on a GPU host).
+    """
+    if os.environ.get("HYLO_BENCH_GIT_SHA"):
+        return os.environ["HYLO_BENCH_GIT_SHA"]
     cwd = cwd or Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)

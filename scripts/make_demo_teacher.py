@@ -244,29 +244,72 @@ def build_model(tokenizer, seed: int, vocab_size: int):
 
 
 class _LocalMode:
-    """Switch read by the training attention function: window layers 0/2 when ``on``."""
+    """Switch read by :func:`_local_mix_attention`: window layers 0/2 to the last ``window`` tokens when ``on``."""
 
     on = False
     window = 64
-    _masks: dict = {}
-
-    @classmethod
-    def mask(cls, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-        """[1, 1, q_len, kv_len] bool: key j visible to query i iff 0 <= pos_i - j < window (queries are last)."""
-        key = (q_len, kv_len, str(device), cls.window)
-        if key not in cls._masks:
-            d = torch.arange(kv_len - q_len, kv_len, device=device)[:, None] - torch.arange(kv_len, device=device)
-            cls._masks[key] = ((d >= 0) & (d < cls.window))[None, None]
-        return cls._masks[key]
 
 
-def _local_mix_attention(module, query, key, value, attention_mask, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def window_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTK: torch.Tensor, key_valid_BT: torch.Tensor,
+                     window: int, scaling: float) -> torch.Tensor:
+    """Causal attention over the last ``window`` positions (self included), in blocks of ``window`` queries.
 
-    if _LocalMode.on and module.layer_idx in LOCAL_LAYERS:
-        window = _LocalMode.mask(query.shape[2], key.shape[2], query.device)
-        attention_mask = window if attention_mask is None else attention_mask & window
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    Each query block attends to its own and the previous key block ([B, H, n, W, 2W] scores), so memory is
+    O(T * W) and only matmuls and a softmax run: deterministic on CUDA, unlike SDPA with a mask. Padding keys
+    (``key_valid_BT`` False) are hidden except from themselves, so no row is empty.
+
+    Args:
+        q_BHTK, k_BHTK, v_BHTK: [B, H, T, K] (keys/values already expanded to H heads).
+        key_valid_BT: [B, T] bool.
+        window: W, tokens.
+        scaling: softmax scale.
+
+    Returns:
+        [B, T, H, K], the layout HF attention functions return.
+    """
+    B, H, T, K = q_BHTK.shape
+    W = window
+    n = -(-T // W)
+    pad = n * W - T
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, K] -> [B, H, n, W, K]
+        return F.pad(x, (0, 0, 0, pad)).view(B, H, n, W, K)
+
+    q = blocks(q_BHTK)
+    k, v = blocks(k_BHTK), blocks(v_BHTK)
+    k2 = torch.cat([F.pad(k, (0, 0, 0, 0, 1, 0))[:, :, :-1], k], dim=3)  # [B, H, n, 2W, K]: previous | own block
+    v2 = torch.cat([F.pad(v, (0, 0, 0, 0, 1, 0))[:, :, :-1], v], dim=3)
+    i = torch.arange(W, device=q.device)
+    j = torch.arange(2 * W, device=q.device)
+    d = W + i[:, None] - j[None, :]  # query pos - key pos
+    in_window = (d >= 0) & (d < W)
+    first = torch.zeros(n, 1, 2 * W, dtype=torch.bool, device=q.device)
+    first[0, :, :W] = True  # the block before block 0 does not exist
+    valid = F.pad(key_valid_BT, (0, pad), value=False).view(B, n, W)
+    valid2 = torch.cat([F.pad(valid, (0, 0, 1, 0), value=False)[:, :-1], valid], dim=2)  # [B, n, 2W]
+    allowed = in_window & ~first & (valid2[:, :, None, :] | (d == 0))  # [B, n, W, 2W]
+    scores = torch.matmul(q, k2.transpose(-1, -2)).float() * scaling
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    out = torch.matmul(scores.softmax(-1).to(v2.dtype), v2)  # [B, H, n, W, K]
+    return out.view(B, H, n * W, K)[:, :, :T].transpose(1, 2).contiguous()
+
+
+def _local_mix_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """HF attention function: plain SDPA, except layers 0/2 in local mode (full prefill only, no KV cache)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if not (_LocalMode.on and module.layer_idx in LOCAL_LAYERS):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    assert query.shape[2] == key.shape[2], "local mode runs full sequences only (no KV cache)"
+    if attention_mask is None:
+        key_valid = torch.ones(query.shape[0], key.shape[2], dtype=torch.bool, device=query.device)
+    else:
+        assert attention_mask.dtype == torch.bool, attention_mask.dtype
+        key_valid = attention_mask[:, 0, -1, :]  # the last query sees every real key
+    n_rep = query.shape[1] // key.shape[1]
+    out = window_attention(query, repeat_kv(key, n_rep), repeat_kv(value, n_rep), key_valid, _LocalMode.window,
+                           scaling if scaling is not None else query.shape[-1] ** -0.5)
+    return out, None
 
 
 def use_local_mix(model, enable: bool) -> None:
@@ -491,6 +534,8 @@ def render_card(meta: dict) -> str:
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
     local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items())
     last = meta["log"][-1]
+    log_rows = "\n".join(f"| {r['step']} | {r['loss_answer']:.4f} | {r['loss_text']:.3f} | {r['probe_em']} | "
+                         f"{r['probe_em_local']} | {r['elapsed_s']} |" for r in meta["log"] if "probe_em" in r)
     return f"""# hylo-bench demo teacher
 
 A 4-layer Llama (hidden 128, 4 heads x 32, 2 KV heads, SwiGLU 384, untied head, RoPE theta 10000,
@@ -532,6 +577,13 @@ starts with BOS (RULER measures lengths this way). Digits are single tokens; voc
 | wall time | data {meta['data_s']:.0f} s, training {meta['train_s']:.0f} s, eval {meta['eval_s']:.0f} s |
 | final loss | answer {last['loss_answer']:.4f}, text {last['loss_text']:.3f} nats/token |
 | held-out text loss | {meta['val_loss']:.3f} nats/token (last 5 % of the dictionary) |
+
+Training log (losses: mean over the preceding 50 steps; probe: teacher-forced whole-answer exact match on 25
+seed-42 samples each of niah_single_1, niah_single_2, niah_multikey_1, with full / windowed layers 0 and 2):
+
+| step | answer loss | text loss | probe EM full | probe EM windowed | elapsed s |
+|---|---|---|---|---|---|
+{log_rows}
 
 Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 and 2
 into Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact long-range lookup.
@@ -590,15 +642,19 @@ def eval_only(args: argparse.Namespace) -> None:
     update_card(args.eval_only, result, args)
 
 
-def save(model, tokenizer, out: Path, meta: dict) -> None:
+def save(model, tokenizer, out: Path, meta: dict | None) -> None:
     """HF checkpoint (fp32 safetensors), tokenizer files and the card."""
     out.mkdir(parents=True, exist_ok=True)
     model.to("cpu").save_pretrained(out)
     tokenizer.save_pretrained(out)
     specials = {"bos_token": SPECIALS[0], "eos_token": SPECIALS[1], "pad_token": SPECIALS[2]}
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(render_card(meta), encoding="utf-8")
-    (out / "train_log.json").write_text(json.dumps(meta["log"], indent=1) + "\n", encoding="utf-8")
+    # The generic class name loads with transformers 4.x (lm-eval) as well as 5.x (where it means TokenizersBackend).
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+    if meta is not None:
+        (out / "README.md").write_text(render_card(meta), encoding="utf-8")
 
 
 def to_example(tokenizer, task: str, prompt: str, outputs: list[str]) -> Example:
@@ -651,8 +707,7 @@ def build(args: argparse.Namespace) -> None:
     t1 = time.time()
     log = train(model, examples, text_train, probes, args, tokenizer)
     train_s = time.time() - t1
-    model.to("cpu").save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
+    save(model, tokenizer, args.out, None)  # before the eval, so a failing eval keeps the weights
     model.to(device)
     t2 = time.time()
     result, result_local = evaluate_both(model, tokenizer, evals, args)

@@ -152,6 +152,9 @@ def run(cfg: UpcycleConfig) -> dict:
     for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
         stage_dir = out / "stages" / f"{i}-{stage.name}"
         if entry["status"] == "done":
+            if not (stage_dir / "model.safetensors").is_file():
+                raise ValueError(f"{stage_dir}: stage {stage.name} finished but its checkpoint is missing (the run "
+                                 f"used --no-stage-checkpoints), so it cannot resume; use a new --out")
             student = load_hylo(stage_dir, dtype=torch.float32, device=device)
             continue
         per_step = cfg.batch_size * cfg.grad_accum
@@ -164,7 +167,8 @@ def run(cfg: UpcycleConfig) -> dict:
         entry["status"] = "running"
 
         def on_log(res, entry=entry):
-            entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds)
+            entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds,
+                         peak_memory_gib=res.peak_memory_gib)
             atomic_write_json(manifest_path, manifest)
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,

@@ -47,6 +47,7 @@ class StageResult:
     tokens_seen: int = 0
     losses: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    peak_memory_gib: float | None = None
 
 
 def cosine_lr(step: int, total: int, warmup_ratio: float) -> float:
@@ -94,6 +95,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             st["seconds"]
     student.train()
     torch.manual_seed(opts.seed + start)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("loss {task.fields[loss]:.4f}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
@@ -129,6 +132,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                                       "tokens_per_s": tps} | logs)
                 if on_log:
                     on_log(result)
+            if device.type == "cuda":
+                result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2 ** 30
             progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
             if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
                 _save_resume(resume_path, student, opt, step + 1, result)
