@@ -59,6 +59,26 @@ def build_checkpoint(name: str, out: Path, tokenizer) -> None:
     torch.cuda.empty_cache()
 
 
+H200_BF16_PEAK_FLOPS = 989e12  # dense bf16, vendor datasheet (H100/H200 SXM)
+
+
+def param_counts(manifest: dict) -> tuple[int, int, int]:
+    """Parameter counts of the student (from the manifest's hybrid config), the 1.7B base and the 8B teacher."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.models.hybrid import HyLoForCausalLM
+
+    with torch.device("meta"):
+        counts = [sum(p.numel() for p in Qwen3ForCausalLM(Qwen3Config(**QWEN3, **SHAPES[n])).parameters())
+                  for n in SHAPES]
+        base = dict(QWEN3, **SHAPES["qwen3-1.7b"], model_type="qwen3")
+        student = HyLoForCausalLM(HyLoConfig.from_dicts(base, manifest["hybrid_config"])) \
+            if "hybrid_config" in manifest else None
+    n_student = sum(p.numel() for p in student.parameters()) if student is not None else 0
+    return n_student, counts[0], counts[1]
+
+
 def make_tokenizer():
     """Byte-level BPE (8k vocab) on the shipped text; ids stay below Qwen3's vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -79,6 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/hylo-real"))
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--timeout-s", type=int, default=480, help="Stop the upcycle command after this many seconds.")
+    ap.add_argument("--eval-windows", type=int, default=0, help="Held-out KL windows (0: skip; fla autotune is slow)")
     ap.add_argument("--out-json", type=Path, default=Path(__file__).parent / "results" / "upcycle_real_size.json")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -96,10 +118,14 @@ def main() -> None:
     cmd = [sys.executable, "-m", "hylo_bench", "upcycle", "--base", str(args.work / "qwen3-1.7b"),
            "--teacher", str(args.work / "qwen3-8b"), "--layout", "7MLA21GDN", "--data", str(data),
            "--stages", stages, "--batch-size", "1", "--out", str(out), "--device", "cuda", "--no-stage-checkpoints",
-           "--eval-windows", "2"]
+           "--eval-windows", str(args.eval_windows)]
     t1 = time.time()
-    proc = subprocess.run(cmd, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    try:
+        returncode = subprocess.run(cmd, env=os.environ | {"PYTHONUNBUFFERED": "1"}, timeout=args.timeout_s).returncode
+    except subprocess.TimeoutExpired:  # the manifest is written after every step: keep what was measured
+        returncode = 124
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {}
+    n_student, n_base, n_teacher = param_counts(manifest)
     records = []
     for st in manifest.get("stages", []):
         tps = [r["tokens_per_s"] for r in st.get("losses", [])][2:] or [float("nan")]
@@ -109,14 +135,18 @@ def main() -> None:
                         "first_loss": (st.get("losses") or [{}])[0].get("loss"),
                         "last_loss": (st.get("losses") or [{}])[-1].get("loss"),
                         "status": "ok" if st.get("status") == "done" else "failed"})
+        # MFU: model FLOPs (6 N per trained token, 2 N per teacher token; attention ignored) over bf16 dense peak
+        teacher_n = n_base if st["kind"] == "ild" else n_teacher
+        flops_per_token = 6 * n_student + 2 * teacher_n
+        records[-1]["mfu"] = flops_per_token * records[-1]["tokens_per_s"] / H200_BF16_PEAK_FLOPS
     env = result_envelope("upcycle_real_size")
-    env.update(command=" ".join(cmd[1:]), returncode=proc.returncode, build_checkpoints_s=build_s,
+    env.update(command=" ".join(cmd[1:]), returncode=returncode, build_checkpoints_s=build_s,
                upcycle_wall_s=time.time() - t1, student_layout="7MLA21GDN", mla_layers=[1, 5, 9, 13, 17, 21, 25],
                kl_init=manifest.get("kl_init"), gdn_backend_note="see the log line 'GDN backend: ...'",
                records=records)
     write_result(args.out_json, env)
     print(json.dumps(env, indent=2))
-    sys.exit(proc.returncode)
+    sys.exit(0 if records else 1)
 
 
 if __name__ == "__main__":

@@ -78,8 +78,9 @@ def upcycle(
         manifest = run(cfg)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
-    console.print(f"[green]student saved to {out}[/] (held-out KL {manifest['kl_init']:.3f} -> "
-                  f"{manifest['stages'][-1].get('kl_after', float('nan')):.3f} nats/token)")
+    kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
+    note = f" (held-out KL {kl0:.3f} -> {kl1:.3f} nats/token)" if kl0 is not None and kl1 is not None else ""
+    console.print(f"[green]student saved to {out}[/]{note}")
 
 
 @app.command()
@@ -112,9 +113,12 @@ def ruler(
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device)
-        result = R.run(cfg)
+        result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
+    for table in R.render_tables(result):
+        console.print(table)
+    console.print(f"results: {result['results_path']}")
     if as_json:
         typer.echo(json.dumps(result))
 

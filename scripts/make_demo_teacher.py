@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lm-weight", type=float, default=0.2, help="weight of the LM loss on prompt/text tokens")
     p.add_argument("--min-len", type=int, default=640, help="shortest target length (prompt + 128), tokens")
     p.add_argument("--max-len", type=int, default=1664, help="longest target length (prompt + 128), tokens")
-    p.add_argument("--max-train-s", type=float, default=1e9, help="safety stop for training, seconds (logged)")
+    p.add_argument("--train-budget-s", type=float, default=0, help="cut --steps to fit this many training seconds,\n"
+                   "decided from the step time at step 40 (0 = off); the card records the steps run")
     p.add_argument("--local-prob", type=float, default=0.5, help="fraction of steps with windowed layers 0/2")
     p.add_argument("--local-window", type=int, default=64, help="window of layers 0/2 on those steps, tokens")
     p.add_argument("--vocab-size", type=int, default=2048)
@@ -387,11 +388,14 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
 
 def train(model, examples: list[Example], text: np.ndarray, probes: list[Example], args: argparse.Namespace,
           tokenizer) -> list[dict]:
-    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one record per 50 steps)."""
+    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one record per 50 steps).
+
+    Batch order, window mode and text offsets come from three independent seeded streams, so a run cut short by
+    ``--train-budget-s`` (decided at step 40, inside the warmup) equals a run with that ``--steps`` from the start.
+    """
     device = torch.device(args.device)
-    rng = np.random.default_rng(args.seed)
-    schedule = batch_schedule(examples, args, rng)
-    local_steps = rng.random(args.steps) < args.local_prob
+    rng_order, rng_local, rng_text = (np.random.default_rng([args.seed, k]) for k in range(3))
+    schedule = batch_schedule(examples, args, rng_order)
     num_text = round(args.batch_size * args.text_frac)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -404,25 +408,25 @@ def train(model, examples: list[Example], text: np.ndarray, probes: list[Example
     with _progress() as bar:
         job = bar.add_task("train", total=args.steps, info="")
         for step, idx in enumerate(schedule):
-            batch = make_batch(examples, idx, text, num_text, 1024, rng, tokenizer.bos_token_id,
+            batch = make_batch(examples, idx, text, num_text, 1024, rng_text, tokenizer.bos_token_id,
                                tokenizer.pad_token_id)
-            ids, ans, ctx = (t.to(device, non_blocking=True) for t in batch)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args)
-            _LocalMode.on = bool(local_steps[step])
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss_ans, loss_ctx = losses(model, ids, ans, ctx)
-            opt.zero_grad(set_to_none=True)
-            (loss_ans + args.lm_weight * loss_ctx).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sums += torch.stack([loss_ans.detach(), loss_ctx.detach()])
+            _LocalMode.on = bool(rng_local.random() < args.local_prob)
+            sums += train_step(model, opt, batch, lr_at(step, args), args.lm_weight, device)
             bar.advance(job)
-            last = step + 1 == args.steps or time.time() - t0 > args.max_train_s
+            if step == 9:
+                t10 = time.time()
+            if step == 39 and args.train_budget_s > 0:
+                fit = int(args.train_budget_s / ((time.time() - t10) / 30))
+                if fit < args.steps:
+                    console.print(f"step time {(time.time() - t10) / 30 * 1e3:.1f} ms: --train-budget-s "
+                                  f"{args.train_budget_s:g} fits {fit} of {args.steps} steps; training {fit}")
+                    args.steps = max(fit, args.warmup_steps + 1)
+                    bar.update(job, total=args.steps)
+            last = step + 1 >= args.steps
             if (step + 1) % 50 == 0 or last:
-                rec = {"step": step + 1, "loss_answer": sums[0].item() / ((step % 50) + 1),
-                       "loss_text": sums[1].item() / ((step % 50) + 1), "lr": lr_at(step, args),
-                       "elapsed_s": round(time.time() - t0, 1)}
+                n = (step % 50) + 1
+                rec = {"step": step + 1, "loss_answer": sums[0].item() / n, "loss_text": sums[1].item() / n,
+                       "lr": lr_at(step, args), "elapsed_s": round(time.time() - t0, 1)}
                 sums.zero_()
                 if (step + 1) % args.probe_every == 0 or last:
                     rec |= probe_accuracy(model, probes, tokenizer, device)
@@ -436,6 +440,20 @@ def train(model, examples: list[Example], text: np.ndarray, probes: list[Example
     use_local_mix(model, False)
     model.eval()
     return log
+
+
+def train_step(model, opt, batch, lr: float, lm_weight: float, device: torch.device) -> torch.Tensor:
+    """One AdamW step on ``batch`` (ids, ans, ctx); returns the detached [answer, text] losses."""
+    ids, ans, ctx = (t.to(device, non_blocking=True) for t in batch)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        loss_ans, loss_ctx = losses(model, ids, ans, ctx)
+    opt.zero_grad(set_to_none=True)
+    (loss_ans + lm_weight * loss_ctx).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return torch.stack([loss_ans.detach(), loss_ctx.detach()])
 
 
 @torch.no_grad()
@@ -534,6 +552,9 @@ def render_card(meta: dict) -> str:
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
     local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items())
     last = meta["log"][-1]
+    cut = ""
+    if meta["steps"] != meta["steps_requested"]:
+        cut = f" (asked {meta['steps_requested']}, cut by --train-budget-s; same as `--steps {meta['steps']}`)"
     log_rows = "\n".join(f"| {r['step']} | {r['loss_answer']:.4f} | {r['loss_text']:.3f} | {r['probe_em']} | "
                          f"{r['probe_em_local']} | {r['elapsed_s']} |" for r in meta["log"] if "probe_em" in r)
     return f"""# hylo-bench demo teacher
@@ -572,7 +593,7 @@ starts with BOS (RULER measures lengths this way). Digits are single tokens; voc
 | training samples | {meta['num_samples']:,} RULER samples, target lengths {meta['min_len']}-{meta['max_len']} tokens (25 % at 1024) |
 | task mix | {meta['task_mix']} |
 | plain text | {meta['text_frac']:.0%} of rows: 1024-token chunks of the dictionary (first 95 %) |
-| steps x batch | {meta['steps']} x {meta['batch_size']} rows, AdamW lr {meta['lr']}, cosine to 10 %, bf16 autocast |
+| steps x batch | {meta['steps']} x {meta['batch_size']} rows{cut}, AdamW lr {meta['lr']}, warmup {meta['warmup_steps']}, cosine to 10 %, bf16 autocast on CUDA |
 | layers 0/2 windowed | {meta['local_prob']:.0%} of steps, window {meta['local_window']} tokens |
 | wall time | data {meta['data_s']:.0f} s, training {meta['train_s']:.0f} s, eval {meta['eval_s']:.0f} s |
 | final loss | answer {last['loss_answer']:.4f}, text {last['loss_text']:.3f} nats/token |
@@ -704,7 +725,7 @@ def build(args: argparse.Namespace) -> None:
     console.print(f"data: {len(examples)} samples, {sum(len(e.prompt_ids) for e in examples):,} prompt tokens, "
                   f"{len(text_train):,} text tokens, {data_s:.0f} s")
     model = build_model(tokenizer, args.seed, args.vocab_size).to(device)
-    t1 = time.time()
+    t1, steps_requested = time.time(), args.steps
     log = train(model, examples, text_train, probes, args, tokenizer)
     train_s = time.time() - t1
     save(model, tokenizer, args.out, None)  # before the eval, so a failing eval keeps the weights
@@ -721,9 +742,9 @@ def build(args: argparse.Namespace) -> None:
         "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id,
         "vocab": len(tokenizer), "task_mix": ", ".join(f"{t} {w:g}" for t, w in TASK_WEIGHTS.items()),
         "data_s": data_s, "train_s": train_s, "eval_s": eval_s, "val_loss": val_loss, "log": log,
-        "eval": result, "eval_local": result_local,
+        "eval": result, "eval_local": result_local, "steps_requested": steps_requested,
     } | {k: getattr(args, k) for k in ("seed", "num_samples", "min_len", "max_len", "text_frac", "steps",
-                                       "batch_size", "lr", "local_prob", "local_window", "eval_length")}
+                                       "batch_size", "lr", "warmup_steps", "local_prob", "local_window", "eval_length")}
     save(model, tokenizer, args.out, meta)
     console.print(f"wrote {args.out}")
 

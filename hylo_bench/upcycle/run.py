@@ -143,10 +143,12 @@ def run(cfg: UpcycleConfig) -> dict:
                     "hybrid_config": hcfg.to_hybrid_dict(),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     held_len = min(stages[0].seq_len_tokens, 1024)
-    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919)
+    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) \
+        if cfg.eval_windows else None
     if "kl_init" not in manifest:
-        manifest["kl_init"] = eval_kl(student, teacher, held_out)
-        logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
+        manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
+        if held_out is not None:
+            logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
     atomic_write_json(manifest_path, manifest)
 
     for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
@@ -174,7 +176,7 @@ def run(cfg: UpcycleConfig) -> dict:
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
                           out / "resume.pt", on_log=on_log)
         on_log(res)
-        entry["kl_after"] = eval_kl(student, teacher, held_out)
+        entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if cfg.save_stage_checkpoints:
             _save_student(student, tokenizer, stage_dir)
             entry["checkpoint"] = str(stage_dir)
