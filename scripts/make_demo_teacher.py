@@ -66,17 +66,23 @@ EVAL_SEED = 42
 TRAIN_SEED_OFFSET = 1000
 LOCAL_LAYERS = (0, 2)
 MAX_NEW_TOKENS = {"ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
-MIN_LEN = {"ruler_vt": 768, "ruler_cwe": 768}
-"""Shortest target lengths that hold the VT one-shot example and the CWE minimum list (with generation room)."""
+MIN_LEN = {"ruler_vt": 768, "ruler_cwe": 768, "niah_multiquery": 416, "niah_multikey_3": 544}
+"""Shortest target lengths whose smallest prompt fits (VT one-shot example, CWE minimum list, 4 query keys, UUID lines)."""
 console = Console()
 
 
 @dataclass(kw_only=True, slots=True)
 class Example:
-    """One tokenised training text: ``prompt_ids`` (BOS first) then ``answer_ids`` (EOS last); uint16."""
+    """One tokenised training text: ``prompt_ids`` (BOS first) then ``answer_ids`` (EOS last); uint16.
+
+    ``value_pos`` [m, 7] holds the positions (in prompt + answer) of every occurrence of a 7-digit gold number and
+    ``value_gid`` [m] which gold each row belongs to, so :func:`make_batch` can redraw the numbers.
+    """
 
     prompt_ids: np.ndarray
     answer_ids: np.ndarray
+    value_pos: np.ndarray
+    value_gid: np.ndarray
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,13 +97,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=40000, help="distinct generated task samples")
     p.add_argument("--text-frac", type=float, default=0.1, help="fraction of rows that are plain-text chunks")
     p.add_argument("--lm-weight", type=float, default=0.2, help="weight of the LM loss on prompt/text tokens")
-    p.add_argument("--min-len", type=int, default=640, help="shortest target length (prompt + 128), tokens")
+    p.add_argument("--min-len", type=int, default=320, help="shortest target length (prompt + 128), tokens")
     p.add_argument("--max-len", type=int, default=1664, help="longest target length (prompt + 128), tokens")
     p.add_argument("--train-budget-s", type=float, default=0, help="cut --steps to fit this many training seconds,\n"
-                   "decided from the step time at step 40 (0 = off); the card records the steps run")
-    p.add_argument("--local-prob", type=float, default=0.5, help="fraction of steps with windowed layers 0/2")
+                   "decided from the step time at step 150 (0 = off); the card records the steps run")
+    p.add_argument("--local-prob", type=float, default=0.0, help="fraction of steps with windowed layers 0/2")
     p.add_argument("--local-window", type=int, default=64, help="window of layers 0/2 on those steps, tokens")
     p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--resample-values", type=int, default=1, help="1: redraw 7-digit gold numbers every use")
+    p.add_argument("--data-cache", type=Path, default=None, help="npz of tokenizer + samples: load if it exists,\n"
+                   "else generate and write it (generation is deterministic, so this only saves time)")
+    p.add_argument("--eval-tasks", choices=("all", "main"), default="all", help="main: " + ", ".join(EVAL_TASKS))
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for data generation")
     p.add_argument("--probe-every", type=int, default=250, help="steps between teacher-forced probe evals")
     p.add_argument("--eval-samples", type=int, default=50, help="seed-42 samples per task for the final eval")
@@ -161,10 +171,18 @@ def _worker_init(tok_dir: str) -> None:
 
 
 def _sample(spec: tuple[str, int, int, int]) -> dict:
+    """One generator sample; a length too small for this draw grows by 64 tokens until it fits."""
     from hylo_bench.tasks.ruler import generate_sample
+    from hylo_bench.tasks.ruler.sampling import PromptTooLongError
 
     task, length, index, seed = spec
-    return generate_sample(task, _WORKER["tok"], length, index, seed, _WORKER["haystack"])
+    while True:
+        try:
+            return generate_sample(task, _WORKER["tok"], length, index, seed, _WORKER["haystack"])
+        except PromptTooLongError:
+            if length >= 4096:
+                raise
+            length += 64
 
 
 def format_answer(task: str, outputs: list[str]) -> str:
@@ -346,12 +364,22 @@ def batch_schedule(examples: list[Example], args: argparse.Namespace, rng: np.ra
 
 
 def make_batch(examples: list[Example], idx: np.ndarray, text: np.ndarray, num_text: int, chunk: int,
-               rng: np.random.Generator, bos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids [B, T]`` and float masks ``ans, ctx [B, T-1]`` over next-token targets."""
+               rng: np.random.Generator, bos: int, pad: int,
+               digit_ids: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids [B, T]`` and float masks ``ans, ctx [B, T-1]`` over next-token targets.
+
+    With ``digit_ids`` (token ids of "0".."9"), every 7-digit gold number is redrawn (same digits at each of its
+    occurrences, needle and answer), so repeated samples never repeat an answer: the model must retrieve it.
+    """
     seqs, ans_starts = [], []
     for i in idx:
         e = examples[i]
-        seqs.append(np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64))
+        seq = np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64)
+        if digit_ids is not None and len(e.value_gid):
+            new = rng.integers(0, 10, size=(int(e.value_gid.max()) + 1, 7))
+            new[:, 0] = rng.integers(1, 10, size=len(new))
+            seq[e.value_pos] = digit_ids[new[e.value_gid]]
+        seqs.append(seq)
         ans_starts.append(len(e.prompt_ids) - 1)
     for off in rng.integers(0, len(text) - chunk, size=num_text) if num_text else ():
         seqs.append(np.concatenate([[bos], text[off:off + chunk]]).astype(np.int64))
@@ -391,7 +419,7 @@ def train(model, examples: list[Example], text: np.ndarray, probes: list[Example
     """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one record per 50 steps).
 
     Batch order, window mode and text offsets come from three independent seeded streams, so a run cut short by
-    ``--train-budget-s`` (decided at step 40, inside the warmup) equals a run with that ``--steps`` from the start.
+    ``--train-budget-s`` (decided at step 150, inside the warmup) equals a run with that ``--steps`` from the start.
     """
     device = torch.device(args.device)
     rng_order, rng_local, rng_text = (np.random.default_rng([args.seed, k]) for k in range(3))
@@ -404,21 +432,22 @@ def train(model, examples: list[Example], text: np.ndarray, probes: list[Example
     use_local_mix(model, True)
     _LocalMode.window = args.local_window
     log, t0, sums = [], time.time(), torch.zeros(2, device=device)
+    digit_ids = np.asarray([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
     model.train()
     with _progress() as bar:
         job = bar.add_task("train", total=args.steps, info="")
         for step, idx in enumerate(schedule):
             batch = make_batch(examples, idx, text, num_text, 1024, rng_text, tokenizer.bos_token_id,
-                               tokenizer.pad_token_id)
+                               tokenizer.pad_token_id, digit_ids if args.resample_values else None)
             _LocalMode.on = bool(rng_local.random() < args.local_prob)
             sums += train_step(model, opt, batch, lr_at(step, args), args.lm_weight, device)
             bar.advance(job)
-            if step == 9:
-                t10 = time.time()
-            if step == 39 and args.train_budget_s > 0:
-                fit = int(args.train_budget_s / ((time.time() - t10) / 30))
+            if step == 49:
+                t50 = time.time()
+            if step == 149 and args.train_budget_s > 0:
+                fit = int(args.train_budget_s / ((time.time() - t50) / 100))
                 if fit < args.steps:
-                    console.print(f"step time {(time.time() - t10) / 30 * 1e3:.1f} ms: --train-budget-s "
+                    console.print(f"step time {(time.time() - t50) / 100 * 1e3:.1f} ms: --train-budget-s "
                                   f"{args.train_budget_s:g} fits {fit} of {args.steps} steps; training {fit}")
                     args.steps = max(fit, args.warmup_steps + 1)
                     bar.update(job, total=args.steps)
@@ -550,8 +579,17 @@ def eval_samples(tasks: tuple[str, ...], args: argparse.Namespace, tok_dir: Path
 def render_card(meta: dict) -> str:
     """The model card (README.md): what the weights are, how they were made, what they score."""
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
-    local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items())
+    local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items()) or "| (not run) | | |"
     last = meta["log"][-1]
+    why_local = ("Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 "
+                 "and 2\ninto Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact "
+                 "long-range lookup.\nTraining so that the lookup also works when layers 0/2 see only "
+                 f"{meta['local_window']} tokens keeps the retrieval\ncircuit in layers 1 and 3, where it survives the "
+                 "conversion." if meta["local_prob"] > 0 else
+                 "Layers 0/2 were not windowed in training (`--local-prob 0`); the probe column 'windowed' shows how "
+                 f"much of the\nretrieval still works when layers 0 and 2 see only the last {meta['local_window']} "
+                 "tokens, a rough proxy for how\nmuch of the circuit lives in layers 1 and 3 (the layers the HyLo demo "
+                 "student keeps as MLA).")
     cut = ""
     if meta["steps"] != meta["steps_requested"]:
         cut = f" (asked {meta['steps_requested']}, cut by --train-budget-s; same as `--steps {meta['steps']}`)"
@@ -606,10 +644,7 @@ seed-42 samples each of niah_single_1, niah_single_2, niah_multikey_1, with full
 |---|---|---|---|---|---|
 {log_rows}
 
-Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 and 2
-into Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact long-range lookup.
-Training so that the lookup also works when layers 0/2 see only {meta['local_window']} tokens keeps the retrieval
-circuit in layers 1 and 3, where it survives the conversion.
+{why_local}
 
 ## Evaluation (RULER at {meta['eval_length']} tokens, seed {EVAL_SEED}, greedy)
 
@@ -680,27 +715,75 @@ def save(model, tokenizer, out: Path, meta: dict | None) -> None:
 
 def to_example(tokenizer, task: str, prompt: str, outputs: list[str]) -> Example:
     answer = tokenizer(format_answer(task, outputs), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-    return Example(prompt_ids=np.asarray(tokenizer(prompt).input_ids, np.uint16),
-                   answer_ids=np.asarray(answer, np.uint16))
+    seq = np.asarray(tokenizer(prompt).input_ids + answer, np.int64)
+    pos, gid = [], []
+    if task in NIAH_TASKS:
+        windows = np.lib.stride_tricks.sliding_window_view(seq, 7)
+        for g, gold in enumerate(outputs):
+            if gold.isdigit() and len(gold) == 7:
+                pattern = np.asarray(tokenizer(gold, add_special_tokens=False).input_ids)
+                for start in np.flatnonzero((windows == pattern).all(1)):
+                    pos.append(np.arange(start, start + 7))
+                    gid.append(g)
+    n_prompt = len(seq) - len(answer)
+    return Example(prompt_ids=seq[:n_prompt].astype(np.uint16), answer_ids=seq[n_prompt:].astype(np.uint16),
+                   value_pos=np.asarray(pos, np.int32).reshape(-1, 7), value_gid=np.asarray(gid, np.int32))
 
 
 def make_data(haystack: str, args: argparse.Namespace):
-    """Tokenizer, training examples, seed-42 eval samples (all tasks) and the split dictionary ids."""
+    """Tokenizer, training examples, seed-42 eval samples and the split dictionary ids (from ``--data-cache``
+    when it exists)."""
     import tempfile
 
+    if args.data_cache is not None and args.data_cache.exists():
+        tokenizer, examples, evals = load_data(args.data_cache)
+        console.print(f"loaded {len(examples)} samples from {args.data_cache}")
+        return tokenizer, examples, evals, *text_ids(tokenizer, haystack)
+    tasks = tuple(TASK_WEIGHTS) if args.eval_tasks == "all" else EVAL_TASKS
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_tokenizer(haystack, args, Path(tmp))
         tok_dir = Path(tmp) / "tokenizer"
         tokenizer.save_pretrained(tok_dir)
         examples = _run_pool(_example_worker, train_specs(args), tok_dir, args.workers, "train samples")
-        evals = eval_samples(tuple(TASK_WEIGHTS), args, tok_dir)
+        evals = eval_samples(tasks, args, tok_dir)
+    if args.data_cache is not None:
+        save_data(args.data_cache, tokenizer, examples, evals)
     return tokenizer, examples, evals, *text_ids(tokenizer, haystack)
+
+
+def save_data(path: Path, tokenizer, examples: list[Example], evals: list[dict]) -> None:
+    """One npz: tokenizer.json text, eval samples (JSON) and the examples as concatenated arrays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path, tokenizer=np.array(tokenizer.backend_tokenizer.to_str()), evals=np.array(json.dumps(evals)),
+        prompt=np.concatenate([e.prompt_ids for e in examples]), answer=np.concatenate([e.answer_ids for e in examples]),
+        prompt_len=np.array([len(e.prompt_ids) for e in examples]), answer_len=np.array([len(e.answer_ids) for e in examples]),
+        value_pos=np.concatenate([e.value_pos for e in examples]), value_gid=np.concatenate([e.value_gid for e in examples]),
+        value_len=np.array([len(e.value_gid) for e in examples]),
+    )
+
+
+def load_data(path: Path):
+    from tokenizers import Tokenizer
+
+    z = np.load(path)
+    tokenizer = wrap_tokenizer(Tokenizer.from_str(str(z["tokenizer"])))
+    cuts = {k: np.cumsum(z[f"{k}_len"])[:-1] for k in ("prompt", "answer", "value")}
+    parts = {k: np.split(z[k], cuts[k]) for k in ("prompt", "answer")}
+    vpos, vgid = np.split(z["value_pos"], cuts["value"]), np.split(z["value_gid"], cuts["value"])
+    examples = [Example(prompt_ids=p, answer_ids=a, value_pos=vp.reshape(-1, 7), value_gid=vg)
+                for p, a, vp, vg in zip(parts["prompt"], parts["answer"], vpos, vgid)]
+    return tokenizer, examples, json.loads(str(z["evals"]))
 
 
 def evaluate_both(model, tokenizer, evals: list[dict], args: argparse.Namespace) -> tuple[dict, dict]:
     """Seed-42 scores with full attention (as shipped) and with layers 0/2 windowed."""
     device = torch.device(args.device)
     result = evaluate(model, tokenizer, evals, device, args.eval_max_new)
+    if args.local_prob == 0:
+        for task in result:
+            console.print(f"{task}: {result[task]['score']:.1f}  e.g. {result[task]['example']}")
+        return result, {}
     use_local_mix(model, True)
     _LocalMode.window, _LocalMode.on = args.local_window, True
     result_local = evaluate(model, tokenizer, evals, device, args.eval_max_new)

@@ -1,0 +1,51 @@
+"""Command line: task listing, clear errors on bad input, the --json contract of ruler."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from hylo_bench.cli import app
+from hylo_bench.tasks.ruler import list_tasks
+
+runner = CliRunner()
+
+
+def test_list_tasks_prints_one_name_per_line():
+    res = runner.invoke(app, ["ruler", "--list-tasks"])
+    assert res.exit_code == 0
+    assert res.stdout.split() == list_tasks()
+    assert {"niah_single_1", "niah_multivalue", "ruler_vt", "ruler_cwe", "ruler_fwe"} <= set(res.stdout.split())
+
+
+def test_python_dash_m_works_like_the_console_script():
+    res = subprocess.run([sys.executable, "-m", "hylo_bench", "ruler", "--list-tasks"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == list_tasks()
+
+
+def test_bad_layout_and_stages_fail_with_named_flag(tiny_base_dir, tmp_path):
+    res = runner.invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
+                              "--layout", "3MLA3GDN", "--device", "cpu"])
+    assert res.exit_code == 2 and "--layout '3MLA3GDN' has 3+3=6 layers; the base model has 4" in res.output
+    res = runner.invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
+                              "--stages", "2k:foo", "--device", "cpu"])
+    assert res.exit_code == 2 and "kind 'foo'" in res.output
+    res = runner.invoke(app, ["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "nope" in res.output
+
+
+def test_ruler_json_contract(tiny_base_dir, tmp_path):
+    res = runner.invoke(app, ["ruler", "--model", str(tiny_base_dir), "--lengths", "1k", "--tasks",
+                              "niah_single_1", "--samples", "2", "--results-dir", str(tmp_path), "--json",
+                              "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["model"] == tiny_base_dir.name
+    assert set(obj["scores"]) == {"niah_single_1"} and set(obj["scores"]["niah_single_1"]) == {"1024"}
+    assert 0 <= obj["mean"]["1024"] <= 100
+    saved = [p for p in tmp_path.glob("ruler-*.json")]
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["records"][0]["n"] == 2
