@@ -69,14 +69,14 @@ def upcycle(
     try:
         demo = base == "demo"
         cfg = UpcycleConfig(out=str(out), base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers),
-                            data=data, stages=stages or (DEMO_STAGES if demo else "2k:ild,8k"),
+                            data=data, stages=stages if stages is not None else (DEMO_STAGES if demo else "2k:ild,8k"),
                             tokens_per_stage=parse_token_count(tokens_per_stage), batch_size=batch_size,
                             grad_accum=grad_accum, ild_lr=ild_lr, kd_lr=kd_lr or (1e-3 if demo else 6e-5),
                             device=device, seed=seed, save_stage_checkpoints=stage_checkpoints,
                             gradient_checkpointing=gradient_checkpointing, eval_windows=eval_windows,
                             mixer_overrides={"kv_lora_rank": kv_lora_rank, "q_lora_rank": q_lora_rank})
         manifest = run(cfg)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
     kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
     note = f" (held-out KL {kl0:.3f} -> {kl1:.3f} nats/token)" if kl0 is not None and kl1 is not None else ""
@@ -108,8 +108,12 @@ def ruler(
     if model is None:
         _fail(ValueError("--model is required (hub id, local dir or 'demo')"))
     try:
-        cfg = R.RulerConfig(model=model, lengths=[parse_length(x) for x in lengths.split(",") if x.strip()],
-                            tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",")],
+        try:
+            length_list = [parse_length(x) for x in lengths.split(",") if x.strip()]
+        except ValueError as e:
+            raise ValueError(f"--lengths: {e}") from None
+        cfg = R.RulerConfig(model=model, lengths=length_list,
+                            tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()],
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device)

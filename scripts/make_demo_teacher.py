@@ -8,27 +8,36 @@ learns from is produced here, from the package's own text and generator:
   dictionary (so "special magic", needle words and the noise haystack become compact).
 * Task data: ``hylo_bench.tasks.ruler.generate_sample`` over the same dictionary as essay haystack: all 8 NIAH
   tasks (niah_single_1/2 and niah_multikey_1 at double weight) plus ruler_vt / ruler_cwe / ruler_fwe at half
-  weight, target lengths uniform in [512, 1536] tokens with a quarter of them exactly 1024. Each training text is
-  the RULER prompt (``prompt`` = input + " " + gen_prefix), one space, the gold answer and EOS; the loss is the
-  answer tokens' cross-entropy plus ``--lm-weight`` times the language-model loss on the prompt tokens.
+  weight, target lengths on a 32-token grid in [--min-len, --max-len] (default 320-1664, i.e. prompts of about
+  190-1540 tokens, short ones as an easy curriculum) with a quarter of them exactly 1024; a draw that does not fit
+  its length grows by 64 tokens. Each training text is the RULER prompt (``prompt`` = input + " " + gen_prefix),
+  the gold answer and EOS; the loss is the answer tokens' cross-entropy plus ``--lm-weight`` times the LM loss on
+  the prompt tokens. Every 7-digit gold number is redrawn at each use (needle and answer alike, digits are single
+  tokens), so repeated samples cannot be memorised: only retrieval lowers the answer loss.
 * Plain text: random 1024-token chunks of the dictionary (first 95 %; the last 5 % is the validation split) as
   whole-sequence LM rows, so the teacher is also a small language model of the demo text.
 
 Seeds: generator seeds are ``seed + 1000`` and up for training (the evaluation set is seed 42, never trained on);
-``torch.manual_seed(seed)`` drives the initialisation, a numpy ``default_rng(seed)`` drives lengths, the batch
-order and the layer-0/2 window mode. With ``torch.use_deterministic_algorithms`` and
+``torch.manual_seed(seed)`` drives the initialisation; three numpy streams ``default_rng([seed, k])`` drive the
+batch order, the layer-0/2 window mode and text offsets / redrawn numbers. With
+``torch.use_deterministic_algorithms`` (warn-only: cuDNN attention backward warns) and
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, re-running with the same arguments on the same device type, torch and
-transformers versions reproduces the weights (data generation is order-stable across worker counts).
+transformers versions reproduces the weights up to that warning. Data generation is order-stable across worker
+counts; ``--data-cache`` stores it (tokenizer + samples) so a GPU call can skip it. ``--train-budget-s`` cuts
+``--steps`` at step 150 (inside the warmup) to fit a time budget; the card records the steps run, and
+``--steps N`` reproduces them.
 
-Conversion-friendly training: on a ``--local-prob`` fraction of the steps, the attention of layers 0 and 2 (the
-layers the HyLo student turns into Gated DeltaNet) is limited to the last ``--local-window`` tokens, so long-range
-retrieval has to live in layers 1 and 3 (the layers kept as MLA). The shipped model is a stock Llama with full
-attention everywhere; the card reports the score in both modes.
+Conversion-friendly training (off by default until retrieval trains reliably): on a ``--local-prob`` fraction of
+the steps, the attention of layers 0 and 2 (the layers the HyLo student turns into Gated DeltaNet) is limited to
+the last ``--local-window`` tokens (deterministic blocked attention), so long-range retrieval has to live in layers
+1 and 3 (the layers kept as MLA). The shipped model is a stock Llama with full attention everywhere; the probes
+report retrieval in both modes.
 
 Usage (the shipped weights were made on one H200; see the card for the exact command)::
 
-    python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --steps 3000
-    python scripts/make_demo_teacher.py --eval-only hylo_bench/data/demo_teacher --device cpu
+    PYTHONPATH=. python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --steps 6000 \
+        --data-cache .demo_cache/data.npz --train-budget-s 360
+    PYTHONPATH=. python scripts/make_demo_teacher.py --eval-only hylo_bench/data/demo_teacher --device cpu
 """
 
 from __future__ import annotations
@@ -581,6 +590,13 @@ def render_card(meta: dict) -> str:
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
     local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items()) or "| (not run) | | |"
     last = meta["log"][-1]
+    main = [meta["eval"][t]["score"] for t in EVAL_TASKS if t in meta["eval"]]
+    status = (f"**Status: meets the bar** (niah_single_1 {meta['eval']['niah_single_1']['score']:.0f} >= 90 at 1K)."
+              if meta["eval"].get("niah_single_1", {"score": 0})["score"] >= 90 and min(main) >= 90 else
+              "**Status: below the bar.** The issue asks for >= 90 on niah_single_1 at 1K (aim >= 95 on "
+              "niah_single_1/2 and niah_multikey_1);\nthis build scores "
+              + ", ".join(f"{t} {meta['eval'][t]['score']:.0f}" for t in EVAL_TASKS if t in meta["eval"])
+              + ". Use it for plumbing only (loading, upcycling, distillation on the demo text).")
     why_local = ("Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 "
                  "and 2\ninto Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact "
                  "long-range lookup.\nTraining so that the lookup also works when layers 0/2 see only "
@@ -602,6 +618,8 @@ A 4-layer Llama (hidden 128, 4 heads x 32, 2 KV heads, SwiGLU 384, untied head, 
 default teacher for `hylo-bench upcycle` and `hylo-bench ruler` demos. It is trained from scratch on RULER-style
 retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, and answers
 NIAH prompts of about 1K tokens. Not a general language model: it knows only the demo text and the RULER prompts.
+
+{status}
 
 ## Use
 

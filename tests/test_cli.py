@@ -44,7 +44,7 @@ def test_ruler_json_contract(tiny_base_dir, tmp_path):
                               "--device", "cpu"])
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
-    assert obj["model"] == tiny_base_dir.name
+    assert obj["model"] == str(tiny_base_dir)
     assert set(obj["scores"]) == {"niah_single_1"} and set(obj["scores"]["niah_single_1"]) == {"1024"}
     assert 0 <= obj["mean"]["1024"] <= 100
     saved = [p for p in tmp_path.glob("ruler-*.json")]

@@ -34,6 +34,19 @@ HYBRID_KEYS = (
     "linear_type", "gdn_num_heads", "gdn_head_dim", "gdn_expand_v", "gdn_conv_size", "gdn_norm_eps",
     "use_qk_norm", "d_model", "ssm_cfg", "d_inner", "d_xb",
 )
+MLA_REQUIRED_KEYS = ["num_attention_heads", "num_key_value_heads", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                     "qk_nope_head_dim", "v_head_dim"]
+_NUM = (int, float)
+KEY_TYPES: dict[str, Any] = {
+    "hidden_size": int, "intermediate_size": int, "n_layer": int, "mla_layers": list, "num_attention_heads": int,
+    "num_key_value_heads": int, "kv_lora_rank": int, "q_lora_rank": int, "qk_rope_head_dim": int,
+    "qk_nope_head_dim": int, "v_head_dim": int, "qkv_rank_divisor": int, "max_position_embeddings": int,
+    "gdn_num_heads": int, "gdn_head_dim": int, "gdn_conv_size": int, "rms_norm_eps": _NUM, "rope_theta": _NUM,
+    "gdn_expand_v": _NUM, "gdn_norm_eps": _NUM, "attention_dropout": _NUM, "rope_scaling": dict,
+    "use_lora_layer_norm": bool, "use_full_kv_head": bool, "attention_bias": bool, "use_qk_norm": bool,
+    "linear_type": str, "hidden_act": str, "ssm_cfg": dict, "d_model": int, "d_inner": int, "d_xb": int,
+}
+NULLABLE_KEYS = {"q_lora_rank", "rope_scaling", "d_inner", "d_xb", "d_model"}
 _ATTR_FOR_KEY = {"rope_theta": "mla_rope_theta", "rope_scaling": "mla_rope_scaling"}
 # Keys older Zebra-Llama / X-EcoMLA configs carry that we accept and ignore (checkpoint-format.md §8).
 LEGACY_KEYS = ("rope_type", "use_fixed_rank_for_first_and_last_block", "layer_rank_list", "q_energy_ratio",
@@ -290,12 +303,25 @@ class HyLoConfig(PretrainedConfig):
             ValueError: naming ``source`` and the key when a required key is missing or has a wrong type.
         """
         hybrid = dict(hybrid)
-        for req, typ in (("hidden_size", int), ("n_layer", int), ("mla_layers", list)):
-            if req not in hybrid:
-                raise ValueError(f"{source}: hybrid_config.json is missing required key {req!r}")
-            if not isinstance(hybrid[req], typ):
-                raise ValueError(f"{source}: hybrid_config.json key {req!r} should be {typ.__name__}, "
-                                 f"got {type(hybrid[req]).__name__} ({hybrid[req]!r})")
+        required = ["hidden_size", "n_layer", "mla_layers", "intermediate_size"]
+        if hybrid.get("mla_layers"):
+            required += MLA_REQUIRED_KEYS
+        if hybrid.get("linear_type", "gdn" if hybrid.get("gdn_num_heads") else "mamba") == "gdn":
+            required += ["gdn_num_heads", "gdn_head_dim"]
+        missing = [k for k in required if k not in hybrid]
+        if missing:
+            raise ValueError(f"{source}: hybrid_config.json is missing required key(s) {missing}")
+        for key, value in hybrid.items():
+            typ = KEY_TYPES.get(key)
+            ok = typ is None or value is None and key in NULLABLE_KEYS or (
+                isinstance(value, typ) and not (isinstance(value, bool) and typ in (int, (int, float))))
+            if not ok:
+                name = typ.__name__ if isinstance(typ, type) else "number"
+                raise ValueError(f"{source}: hybrid_config.json key {key!r} should be {name}, got "
+                                 f"{type(value).__name__} ({value!r})")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in hybrid["mla_layers"]):
+            raise ValueError(f"{source}: hybrid_config.json key 'mla_layers' should be a list of int, got "
+                             f"{hybrid['mla_layers']!r}")
         top_rope_type = hybrid.get("rope_type")
         unknown = [k for k in hybrid if k not in HYBRID_KEYS]
         for k in unknown:

@@ -92,6 +92,6 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
         kind = "transformer"
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(d)
-    name = "demo-teacher" if spec == "demo" else (d.name if Path(spec).expanduser().is_dir() else str(spec))
+    name = "demo-teacher" if spec == "demo" else str(spec).rstrip("/")  # as typed: distinct paths, distinct names
     info = {"name": name, "path": str(d), "hash": weights_hash(d), "layout": layout_name(model), "kind": kind}
     return model, tokenizer, info

@@ -8,6 +8,7 @@ Windows are deterministic given the seed, so a resumed run sees the same batches
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -66,6 +67,11 @@ def load_documents(path: str | Path) -> list[str]:
     return docs
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
 def retrieval_examples(tokenizer, seq_len: int, count: int, seed: int) -> list[list[int]]:
     """Up to ``count`` RULER-style examples (prompt + gold answer + EOS) of at most ``seq_len`` tokens.
 
@@ -82,8 +88,9 @@ def retrieval_examples(tokenizer, seq_len: int, count: int, seed: int) -> list[l
         target = seq_len + get_task(task).max_gen_toks - ANSWER_ROOM
         try:
             s = generate_sample(task, tokenizer, target, index=i, seed=TRAIN_SEED_BASE + seed, haystack_text=text)
-        except ValueError as e:  # the window is shorter than the task's smallest prompt
-            logger.warning("no retrieval examples at %d tokens (%s); using text only", seq_len, e)
+        except ValueError:  # the window is shorter than the task's smallest prompt
+            _warn_once(f"stage length {seq_len} tokens is too short for RULER-style retrieval examples; the demo data "
+                       f"of this length is text only")
             return []
         answer = " " + ", ".join(s["outputs"]) + "."
         ids = tokenizer(s["prompt"]).input_ids + tokenizer(answer, add_special_tokens=False).input_ids

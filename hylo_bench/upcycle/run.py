@@ -74,9 +74,17 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
     if cfg.mla_layers is not None and cfg.layout is not None:
         raise ValueError("give either --layout or --mla-layers, not both")
     if cfg.mla_layers is not None:
+        bad = [i for i in cfg.mla_layers if not 0 <= i < n_layer]
+        if bad or len(set(cfg.mla_layers)) != len(cfg.mla_layers):
+            raise ValueError(f"--mla-layers {cfg.mla_layers}: expected distinct indices in [0, {n_layer}) for this "
+                             f"{n_layer}-layer base model")
         return sorted(cfg.mla_layers), "gdn"
     if cfg.layout is not None:
-        return parse_layout(cfg.layout, n_layer)
+        mla, linear_type = parse_layout(cfg.layout, n_layer)
+        if linear_type == "mamba":
+            raise ValueError(f"--layout {cfg.layout}: Mamba-2 (M2) layers are not implemented yet; use a GDN layout "
+                             f"such as {len(mla)}MLA{n_layer - len(mla)}GDN")
+        return mla, linear_type
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
 
 
@@ -88,6 +96,9 @@ def _load_hf(spec: str, device: str, dtype: torch.dtype):
     d = resolve_checkpoint_dir(spec)
     if (d / "hybrid_config.json").is_file():
         raise ValueError(f"{spec}: is already a HyLo hybrid; --base/--teacher must be a Llama or Qwen3 checkpoint")
+    if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{d}: no tokenizer files (tokenizer.json / tokenizer_config.json); save the "
+                                f"tokenizer next to the weights (tokenizer.save_pretrained(dir))")
     model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(d), d
@@ -115,7 +126,6 @@ def run(cfg: UpcycleConfig) -> dict:
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     device = cfg.device or default_device()
     stages: list[Stage] = parse_stages(cfg.stages, cfg.tokens_per_stage)
     teacher_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -126,17 +136,29 @@ def run(cfg: UpcycleConfig) -> dict:
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
     mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
     hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
+    if cfg.data == "demo" and cfg.base != "demo":
+        logger.warning("--data demo: distilling on the shipped demo text + retrieval samples; pass --data for a real "
+                       "run")
+    torch.manual_seed(cfg.seed)  # the GDN-specific parameters keep a (seeded) random init
     student = init_student(base, hcfg)
     if cfg.gradient_checkpointing:
         student.model.gradient_checkpointing = True
 
     manifest_path = out / "manifest.json"
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
-                "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed}
+                "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
+                "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
+                "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
     if manifest and manifest.get("settings") != settings:
-        raise ValueError(f"{manifest_path}: an earlier run with different settings lives in {out}; "
-                         f"use a new --out (earlier: {manifest.get('settings')}, now: {settings})")
+        old = manifest.get("settings", {})
+        diff = {k: (old.get(k), settings[k]) for k in settings if old.get(k) != settings[k]}
+        raise ValueError(f"{manifest_path}: {out} holds a run with other settings "
+                         f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); use a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if manifest is not None:
+        done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
+        logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
     if manifest is None:
         manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
                     "settings": settings, "config": cfg.to_dict(), "base_dir": str(base_dir), "device": device,

@@ -71,14 +71,21 @@ def parse_stages(spec: str, default_budget: int) -> list[Stage]:
     """
     stages = []
     for item in (s for s in spec.split(",") if s.strip()):
+        item = item.strip()
         m = re.fullmatch(r"\s*([^:@]+)(?::(\w+))?(?:@([^@]+))?\s*", item)
         if not m:
             raise ValueError(f"--stages item {item!r}: expected LEN[:ild|kd][@TOKENS], e.g. 2k:ild@20M")
+        try:
+            length = parse_length(m.group(1))
+            budget = parse_token_count(m.group(3)) if m.group(3) else default_budget
+        except ValueError as e:
+            raise ValueError(f"--stages item {item!r}: {e}") from None
+        if budget < length:
+            raise ValueError(f"--stages item {item!r}: the budget of {budget} tokens is less than one sequence")
         kind = (m.group(2) or "kd").lower()
         if kind not in ("ild", "kd"):
             raise ValueError(f"--stages item {item!r}: kind {kind!r} is not 'ild' or 'kd'")
-        budget = parse_token_count(m.group(3)) if m.group(3) else default_budget
-        stages.append(Stage(kind=kind, seq_len_tokens=parse_length(m.group(1)), token_budget=budget))
+        stages.append(Stage(kind=kind, seq_len_tokens=length, token_budget=budget))
     if not stages:
         raise ValueError("--stages is empty; e.g. --stages 2k:ild,8k,64k")
     kinds = [s.kind for s in stages]

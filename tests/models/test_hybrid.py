@@ -149,9 +149,18 @@ def test_truncated_safetensors_and_bad_config_are_named(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(data[:100])
     with pytest.raises(ValueError, match="model.safetensors: cannot read safetensors header"):
         load_hylo(tmp_path)
-    (tmp_path / "hybrid_config.json").write_text('{"hidden_size": 64, "n_layer": "four", "mla_layers": []}')
-    with pytest.raises(ValueError, match="'n_layer' should be int"):
-        load_hylo(tmp_path)
+    good = tiny_hybrid_config().to_hybrid_dict()
+    for change, message in ((dict(n_layer="four"), "'n_layer' should be int, got str"),
+                            (dict(kv_lora_rank="64"), "'kv_lora_rank' should be int, got str"),
+                            (dict(gdn_num_heads=3.5), "'gdn_num_heads' should be int, got float"),
+                            (dict(kv_lora_rank=None), "'kv_lora_rank' should be int, got NoneType")):
+        (tmp_path / "hybrid_config.json").write_text(json.dumps(good | change))
+        with pytest.raises(ValueError, match=message):
+            load_hylo(tmp_path)
+    for key in ("kv_lora_rank", "gdn_head_dim"):
+        (tmp_path / "hybrid_config.json").write_text(json.dumps({k: v for k, v in good.items() if k != key}))
+        with pytest.raises(ValueError, match=f"missing required key.*{key}"):
+            load_hylo(tmp_path)
 
 
 def test_legacy_hybrid_config_is_normalised():

@@ -20,13 +20,17 @@ def _cfg(base_dir, out, **kw):
 
 
 def test_parse_stages():
-    st = parse_stages("2k:ild@20M,8k,64k@1B", default_budget=5)
+    st = parse_stages("2k:ild@20M,8k,64k@1B", default_budget=10 ** 5)
     assert [(s.kind, s.seq_len_tokens, s.token_budget) for s in st] == [
-        ("ild", 2048, 20_000_000), ("kd", 8192, 5), ("kd", 65536, 10 ** 9)]
+        ("ild", 2048, 20_000_000), ("kd", 8192, 10 ** 5), ("kd", 65536, 10 ** 9)]
     with pytest.raises(ValueError, match="ILD stages must come before"):
-        parse_stages("8k,2k:ild", 1)
+        parse_stages("8k,2k:ild", 10 ** 6)
     with pytest.raises(ValueError, match="kind 'foo'"):
-        parse_stages("2k:foo", 1)
+        parse_stages("2k:foo", 10 ** 6)
+    with pytest.raises(ValueError, match="less than one sequence"):
+        parse_stages("8k@1000", 10 ** 6)
+    with pytest.raises(ValueError, match="--stages is empty"):
+        parse_stages(" , ", 10 ** 6)
 
 
 def test_init_copies_base_weights_and_mixers(tiny_base_dir):
@@ -91,5 +95,13 @@ def test_changed_settings_refuse_to_mix_runs(tiny_base_dir, tmp_path):
     run(_cfg(tiny_base_dir, tmp_path / "o"))
     bad = _cfg(tiny_base_dir, tmp_path / "o")
     bad.stages = "128@2k"
-    with pytest.raises(ValueError, match="different settings"):
+    with pytest.raises(ValueError, match=r"other settings \(stages: "):
         run(bad)
+
+
+def test_seeded_runs_are_reproducible(tiny_base_dir, tmp_path):
+    a = run(_cfg(tiny_base_dir, tmp_path / "a"))
+    b = run(_cfg(tiny_base_dir, tmp_path / "b"))
+    assert a["kl_init"] == b["kl_init"]
+    sa, sb = load_hylo(tmp_path / "a", dtype=None).state_dict(), load_hylo(tmp_path / "b", dtype=None).state_dict()
+    assert all(torch.equal(v, sb[k]) for k, v in sa.items())
