@@ -616,7 +616,7 @@ def render_card(meta: dict) -> str:
 A 4-layer Llama (hidden 128, 4 heads x 32, 2 KV heads, SwiGLU 384, untied head, RoPE theta 10000,
 {meta['num_params']:,} parameters, fp32) with its own byte-level BPE tokenizer, shipped inside the package as the
 default teacher for `hylo-bench upcycle` and `hylo-bench ruler` demos. It is trained from scratch on RULER-style
-retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, and answers
+retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, to answer
 NIAH prompts of about 1K tokens. Not a general language model: it knows only the demo text and the RULER prompts.
 
 {status}

@@ -28,7 +28,7 @@ from hylo_bench.upcycle.stages import Stage, parse_stages
 
 logger = logging.getLogger(__name__)
 
-DEMO_STAGES = "1k:ild@1M,1k@1.5M"
+DEMO_STAGES = "1k:ild@250k,1k@500k"  # about 6 minutes on 2 CPU cores
 
 
 @dataclass(kw_only=True, slots=True)
