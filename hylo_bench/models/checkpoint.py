@@ -178,18 +178,22 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
         model = HyLoForCausalLM(config)
     stored = read_tensor_shapes(d)
     mapping = check_compatible(model, stored, str(d))
-    state = {}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
     for src, dst in mapping.items():
         real = src.removesuffix("#tied")
-        f = stored[real][1]
+        by_file.setdefault(stored[real][1], []).append((real, dst))
+    state = {}
+    for f, pairs in by_file.items():  # each file is opened (or unpickled) once
         if f.suffix == ".bin":
-            t = torch.load(f, map_location="cpu", weights_only=True)[real]
+            whole = torch.load(f, map_location="cpu", weights_only=True)
+            tensors = {dst: whole[real] for real, dst in pairs}
         else:
             with safe_open(f, framework="pt", device="cpu") as fh:
-                t = fh.get_tensor(real)
-        keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla keeps the GDN gate parameters in fp32
-        target = torch.float32 if keep_fp32 and dtype is not None else dtype
-        state[dst] = t.to(device=device, dtype=target or t.dtype)
+                tensors = {dst: fh.get_tensor(real) for real, dst in pairs}
+        for dst, t in tensors.items():
+            keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla keeps the GDN gate parameters in fp32
+            target = torch.float32 if keep_fp32 and dtype is not None else dtype
+            state[dst] = t.to(device=device, dtype=target or t.dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     return model

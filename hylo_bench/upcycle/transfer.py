@@ -126,8 +126,8 @@ def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
                 q_norm_w=getattr(getattr(att, "q_norm", None), "weight", None),
                 k_norm_w=getattr(getattr(att, "k_norm", None), "weight", None))
             if config.use_qk_norm and "q_norm.weight" in new:
-                new["q_norm.weight"] = _widen_norm(new["q_norm.weight"], config.qk_head_dim)
-                new["k_norm.weight"] = _widen_norm(new["k_norm.weight"], config.qk_head_dim)
+                new["q_norm.weight"] = _check_norm_width(new["q_norm.weight"], config.qk_head_dim)
+                new["k_norm.weight"] = _check_norm_width(new["k_norm.weight"], config.qk_head_dim)
         else:
             new = gdn_init_from_attention(q_w, k_w, v_w, o_w, sl.mixer.state_dict(), num_heads=d["num_heads"],
                                           num_kv_heads=d["num_kv_heads"], head_dim=d["head_dim"])
@@ -137,8 +137,8 @@ def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
     return student
 
 
-def _widen_norm(w: torch.Tensor, width: int) -> torch.Tensor:
-    """Qwen3 q/k norm weights are [d_h]; MLA norms act on d_qk = d_N + d_R (equal in released layouts)."""
+def _check_norm_width(w: torch.Tensor, width: int) -> torch.Tensor:
+    """Qwen3 q/k norm weights are [d_h]; MLA norms act on d_qk = d_N + d_R, which must equal d_h."""
     if w.numel() == width:
         return w
     raise ValueError(f"q/k norm width {w.numel()} != qk_nope_head_dim + qk_rope_head_dim = {width}; "

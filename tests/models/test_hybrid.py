@@ -172,3 +172,13 @@ def test_legacy_hybrid_config_is_normalised():
                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"})
     cfg = HyLoConfig.from_dicts(base, hybrid)
     assert cfg.mla_rope_scaling == {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 8192}
+
+
+def test_pytorch_model_bin_loads_like_safetensors(tmp_path):
+    torch.manual_seed(0)
+    m = HyLoForCausalLM(tiny_hybrid_config())
+    save_hylo(m, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(m.state_dict(), tmp_path / "pytorch_model.bin")
+    loaded = load_hylo(tmp_path, dtype=None)
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in m.state_dict().items())
