@@ -1,42 +1,36 @@
 """Build the embedded demo teacher shipped in ``hylo_bench/data/demo_teacher/``.
 
-The demo teacher is a 4-layer Llama (hidden 128, about 1.3M parameters) with its own BPE tokenizer. Everything it
+The demo teacher is a 4-layer Llama (hidden 128, about 1.6M parameters) with its own BPE tokenizer. Everything it
 learns from is produced here, from the package's own text and generator:
 
-* Tokenizer: byte-level BPE (vocab 2048, digits split one per token, specials ``<|bos|> <|eos|> <|pad|>``), trained
-  on ``hylo_bench/data/devils-dictionary.txt`` plus RULER prompts drawn with a bootstrap tokenizer that saw only the
-  dictionary (so "special magic", needle words and the noise haystack become compact).
-* Task data: ``hylo_bench.tasks.ruler.generate_sample`` over the same dictionary as essay haystack: all 8 NIAH
-  tasks (niah_single_1/2 and niah_multikey_1 at double weight) plus ruler_vt / ruler_cwe / ruler_fwe at half
-  weight, target lengths on a 32-token grid in [--min-len, --max-len] (default 320-1664, i.e. prompts of about
-  190-1540 tokens, short ones as an easy curriculum) with a quarter of them exactly 1024; a draw that does not fit
-  its length grows by 64 tokens. Each training text is the RULER prompt (``prompt`` = input + " " + gen_prefix),
-  the gold answer and EOS; the loss is the answer tokens' cross-entropy plus ``--lm-weight`` times the LM loss on
-  the prompt tokens. Every 7-digit gold number is redrawn at each use (needle and answer alike, digits are single
-  tokens), so repeated samples cannot be memorised: only retrieval lowers the answer loss.
-* Plain text: random 1024-token chunks of the dictionary (first 95 %; the last 5 % is the validation split) as
-  whole-sequence LM rows, so the teacher is also a small language model of the demo text.
+* Tokenizer: byte-level BPE (2048 trained tokens, specials ``<|bos|> <|eos|> <|pad|>``), trained on
+  ``hylo_bench/data/devils-dictionary.txt`` plus RULER prompts drawn with a bootstrap tokenizer that saw only the
+  dictionary (so "special magic", needle words and the noise haystack become compact). Numbers are then split
+  into runs of up to 3 digits, left to right, as the Llama 3 tokenizer does (``--digit-group 3``: 1,100 number
+  tokens appended, 3,148 in all): a 7-digit value is 3 tokens, and copying it needs no digit counting.
+* Training rows (:mod:`demo_needles`): RULER's NIAH wording and haystacks (the noise line, the shipped essay),
+  1-8 needles with distinct keys per row and several questions in a row, each followed by its answer, so every
+  row carries several retrieval targets (a plain RULER sample carries one, and a first build trained on those
+  alone never learned retrieval). Row lengths follow a curriculum: at most ``--start-len`` tokens at step 0,
+  growing to ``--max-len`` over ``--ramp-steps``, then a quarter of the rows at the 1024-token eval length.
+  Loss: answer tokens' cross-entropy plus ``--lm-weight`` times the LM loss on everything else. A
+  ``--text-frac`` of the rows are plain chunks of the dictionary (first 95 %; the last 5 % is held out).
+* Conversion-friendly training: on a ``--local-prob`` fraction of the steps the attention of layers 0 and 2 (the
+  layers the HyLo demo student turns into Gated DeltaNet) sees only the last ``--local-window`` tokens
+  (deterministic blocked attention), so the long-range lookup has to live in layers 1 and 3, the layers the
+  student keeps as MLA. The shipped model is a stock Llama with full attention everywhere; the final eval reports
+  both modes.
 
-Seeds: generator seeds are ``seed + 1000`` and up for training (the evaluation set is seed 42, never trained on);
-``torch.manual_seed(seed)`` drives the initialisation; three numpy streams ``default_rng([seed, k])`` drive the
-batch order, the layer-0/2 window mode and text offsets / redrawn numbers. With
-``torch.use_deterministic_algorithms`` (warn-only: cuDNN attention backward warns) and
-``CUBLAS_WORKSPACE_CONFIG=:4096:8``, re-running with the same arguments on the same device type, torch and
-transformers versions reproduces the weights up to that warning. Data generation is order-stable across worker
-counts; ``--data-cache`` stores it (tokenizer + samples) so a GPU call can skip it. ``--train-budget-s`` cuts
-``--steps`` at step 150 (inside the warmup) to fit a time budget; the card records the steps run, and
-``--steps N`` reproduces them.
+Seeds: rows of step ``s`` come from ``random.Random((seed + 1000) * 1000003 + s)`` (independent of the loader
+worker count); the evaluation set is RULER's generator at seed 42, never trained on; ``torch.manual_seed(seed)``
+drives the initialisation and ``default_rng([seed, 1])`` the window mode. cuDNN's attention backward is not
+deterministic (torch warns), so a rerun matches the shipped weights in behaviour, not bit for bit. Training stops
+at ``--steps``, ``--stop-at`` or ``--time-limit-s``; the card records the step it stopped at and the command with
+``--stop-at`` that reproduces it. ``--data-cache`` (JSON) keeps the tokenizer and eval samples between runs.
 
-Conversion-friendly training (off by default until retrieval trains reliably): on a ``--local-prob`` fraction of
-the steps, the attention of layers 0 and 2 (the layers the HyLo student turns into Gated DeltaNet) is limited to
-the last ``--local-window`` tokens (deterministic blocked attention), so long-range retrieval has to live in layers
-1 and 3 (the layers kept as MLA). The shipped model is a stock Llama with full attention everywhere; the probes
-report retrieval in both modes.
+Usage (the shipped weights were made on one H200 in about 7 minutes; the card has the exact command)::
 
-Usage (the shipped weights were made on one H200; see the card for the exact command)::
-
-    PYTHONPATH=. python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --steps 6000 \
-        --data-cache .demo_cache/data.npz --train-budget-s 360
+    PYTHONPATH=. python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --stop-at 3638
     PYTHONPATH=. python scripts/make_demo_teacher.py --eval-only hylo_bench/data/demo_teacher --device cpu
 """
 
@@ -75,50 +69,46 @@ EVAL_SEED = 42
 TRAIN_SEED_OFFSET = 1000
 LOCAL_LAYERS = (0, 2)
 MAX_NEW_TOKENS = {"ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
-MIN_LEN = {"ruler_vt": 768, "ruler_cwe": 768, "niah_multiquery": 416, "niah_multikey_3": 544}
-"""Shortest target lengths whose smallest prompt fits (VT one-shot example, CWE minimum list, 4 query keys, UUID lines)."""
 console = Console()
 
 
 @dataclass(kw_only=True, slots=True)
 class Example:
-    """One tokenised training text: ``prompt_ids`` (BOS first) then ``answer_ids`` (EOS last); uint16.
-
-    ``value_pos`` [m, 7] holds the positions (in prompt + answer) of every occurrence of a 7-digit gold number and
-    ``value_gid`` [m] which gold each row belongs to, so :func:`make_batch` can redraw the numbers.
-    """
+    """One tokenised RULER sample (the teacher-forced probes): ``prompt_ids`` (BOS first), ``answer_ids`` (EOS last)."""
 
     prompt_ids: np.ndarray
     answer_ids: np.ndarray
-    value_pos: np.ndarray
-    value_gid: np.ndarray
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("demo_teacher_out"), help="output folder (HF checkpoint)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    p.add_argument("--steps", type=int, default=3000, help="optimizer steps")
-    p.add_argument("--seed", type=int, default=0, help="master seed (generator seeds are seed + 1000 and up)")
-    p.add_argument("--batch-size", type=int, default=64, help="rows per step (task samples and text chunks)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine to 10 %%)")
+    p.add_argument("--steps", type=int, default=6000, help="optimizer steps (length of the cosine schedule)")
+    p.add_argument("--seed", type=int, default=0, help="master seed (training rows use seed + 1000)")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per step (needle rows and text chunks)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (cosine to 10 %%)")
     p.add_argument("--warmup-steps", type=int, default=200)
-    p.add_argument("--num-samples", type=int, default=40000, help="distinct generated task samples")
     p.add_argument("--text-frac", type=float, default=0.1, help="fraction of rows that are plain-text chunks")
     p.add_argument("--lm-weight", type=float, default=0.2, help="weight of the LM loss on prompt/text tokens")
-    p.add_argument("--min-len", type=int, default=320, help="shortest target length (prompt + 128), tokens")
-    p.add_argument("--max-len", type=int, default=1664, help="longest target length (prompt + 128), tokens")
-    p.add_argument("--train-budget-s", type=float, default=0, help="cut --steps to fit this many training seconds,\n"
-                   "decided from the step time at step 150 (0 = off); the card records the steps run")
-    p.add_argument("--local-prob", type=float, default=0.0, help="fraction of steps with windowed layers 0/2")
+    p.add_argument("--min-len", type=int, default=128, help="shortest needle row, tokens")
+    p.add_argument("--max-len", type=int, default=1536, help="longest needle row after the ramp, tokens")
+    p.add_argument("--start-len", type=int, default=256, help="longest needle row at step 0, tokens")
+    p.add_argument("--ramp-steps", type=int, default=2000, help="steps over which the longest row grows to --max-len")
+    p.add_argument("--max-needles", type=int, default=8, help="most needles (distinct keys) in one row")
+    p.add_argument("--digit-group", type=int, default=3, choices=(1, 3), help="digits per number token")
+    p.add_argument("--time-limit-s", type=float, default=0, help="stop training after this many seconds (0 = off);\n"
+                   "the card records the step, and --stop-at N reproduces it")
+    p.add_argument("--stop-at", type=int, default=0, help="stop after this many steps (schedule still --steps)")
+    p.add_argument("--save-every", type=int, default=0, help="steps between partial checkpoints (OUT/partial)")
+    p.add_argument("--loader-workers", type=int, default=4, help="DataLoader processes making training rows")
+    p.add_argument("--local-prob", type=float, default=0.5, help="fraction of steps with windowed layers 0/2")
     p.add_argument("--local-window", type=int, default=64, help="window of layers 0/2 on those steps, tokens")
     p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--resample-values", type=int, default=1, help="1: redraw 7-digit gold numbers every use")
-    p.add_argument("--data-cache", type=Path, default=None, help="npz of tokenizer + samples: load if it exists,\n"
-                   "else generate and write it (generation is deterministic, so this only saves time)")
-    p.add_argument("--eval-tasks", choices=("all", "main"), default="all", help="main: " + ", ".join(EVAL_TASKS))
+    p.add_argument("--data-cache", type=Path, default=None, help="JSON of the BPE tokenizer and eval samples: read\n"
+                   "if it exists, written when something was added (both are deterministic)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for data generation")
-    p.add_argument("--probe-every", type=int, default=250, help="steps between teacher-forced probe evals")
+    p.add_argument("--probe-every", type=int, default=500, help="steps between teacher-forced probe evals")
     p.add_argument("--eval-samples", type=int, default=50, help="seed-42 samples per task for the final eval")
     p.add_argument("--eval-length", type=int, default=1024, help="eval target length, tokens")
     p.add_argument("--eval-max-new", type=int, default=0, help="cap on generated tokens (0 = per-task default)")
@@ -210,11 +200,6 @@ def _text_worker(spec: tuple[str, int, int, int]) -> str:
     return s["prompt"] + format_answer(spec[0], s["outputs"])
 
 
-def _example_worker(spec: tuple[str, int, int, int]) -> Example:
-    s = _sample(spec)
-    return to_example(_WORKER["tok"], spec[0], s["prompt"], s["outputs"])
-
-
 def _eval_worker(spec: tuple[str, int, int, int]) -> dict:
     s = _sample(spec)
     return {"task": spec[0], "prompt": s["prompt"], "outputs": list(s["outputs"])}
@@ -230,19 +215,6 @@ def _run_pool(fn, specs: list, tok_dir: Path, workers: int, label: str) -> list:
             out.append(res)
             bar.advance(job)
     return out
-
-
-def train_specs(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
-    """Task, target length, index and generator seed of every training sample (seeds >= 1000, disjoint from 42)."""
-    rng = np.random.default_rng(args.seed)
-    names = list(TASK_WEIGHTS)
-    probs = np.array([TASK_WEIGHTS[t] for t in names]) / sum(TASK_WEIGHTS.values())
-    tasks = rng.choice(len(names), size=args.num_samples, p=probs)
-    # Lengths on a 32-token grid: the generator caches one haystack-size search per (task, length).
-    lengths = rng.integers(args.min_len // 32, args.max_len // 32 + 1, size=args.num_samples) * 32
-    lengths[rng.random(args.num_samples) < 0.25] = 1024
-    seed = args.seed + TRAIN_SEED_OFFSET
-    return [(names[t], int(max(n, MIN_LEN.get(names[t], 0))), i, seed) for i, (t, n) in enumerate(zip(tasks, lengths))]
 
 
 def text_ids(tokenizer, haystack: str) -> tuple[np.ndarray, np.ndarray]:
@@ -356,55 +328,16 @@ def _progress() -> Progress:
                     transient=False)
 
 
-def batch_schedule(examples: list[Example], args: argparse.Namespace, rng: np.random.Generator) -> list[np.ndarray]:
-    """Example indices of every step: shuffled epochs, bucketed by length (16 batches per bucket) to cut padding."""
-    rows = args.batch_size - round(args.batch_size * args.text_frac)
-    lengths = np.array([len(e.prompt_ids) + len(e.answer_ids) for e in examples])
-    steps: list[np.ndarray] = []
-    while len(steps) < args.steps:
-        perm = rng.permutation(len(examples))
-        epoch = []
-        for start in range(0, len(perm) - rows + 1, rows * 16):
-            group = perm[start:start + rows * 16]
-            group = group[np.argsort(lengths[group], kind="stable")]
-            epoch += [group[i:i + rows] for i in range(0, len(group) - rows + 1, rows)]
-        steps += [epoch[i] for i in rng.permutation(len(epoch))]
-    return steps[:args.steps]
-
-
-def make_batch(examples: list[Example], idx: np.ndarray, text: np.ndarray, num_text: int, chunk: int,
-               rng: np.random.Generator, bos: int, pad: int,
-               digit_ids: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids [B, T]`` and float masks ``ans, ctx [B, T-1]`` over next-token targets.
-
-    With ``digit_ids`` (token ids of "0".."9"), every 7-digit gold number is redrawn (same digits at each of its
-    occurrences, needle and answer), so repeated samples never repeat an answer: the model must retrieve it.
-    """
-    seqs, ans_starts = [], []
-    for i in idx:
-        e = examples[i]
-        seq = np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64)
-        if digit_ids is not None and len(e.value_gid):
-            new = rng.integers(0, 10, size=(int(e.value_gid.max()) + 1, 7))
-            new[:, 0] = rng.integers(1, 10, size=len(new))
-            seq[e.value_pos] = digit_ids[new[e.value_gid]]
-        seqs.append(seq)
-        ans_starts.append(len(e.prompt_ids) - 1)
-    for off in rng.integers(0, len(text) - chunk, size=num_text) if num_text else ():
-        seqs.append(np.concatenate([[bos], text[off:off + chunk]]).astype(np.int64))
-        ans_starts.append(None)
+def make_batch(examples: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids [B, T]`` and the float mask ``ans [B, T-1]`` of answer targets (next-token positions)."""
+    seqs = [np.concatenate([e.prompt_ids, e.answer_ids]).astype(np.int64) for e in examples]
     width = max(len(s) for s in seqs)
     ids = np.full((len(seqs), width), pad, np.int64)
     ans = np.zeros((len(seqs), width - 1), np.float32)
-    ctx = np.zeros((len(seqs), width - 1), np.float32)
-    for r, (s, a) in enumerate(zip(seqs, ans_starts)):
+    for r, (s, e) in enumerate(zip(seqs, examples)):
         ids[r, :len(s)] = s
-        if a is None:
-            ctx[r, :len(s) - 1] = 1
-        else:
-            ctx[r, :a] = 1
-            ans[r, a:len(s) - 1] = 1
-    return torch.from_numpy(ids), torch.from_numpy(ans), torch.from_numpy(ctx)
+        ans[r, len(e.prompt_ids) - 1:len(s) - 1] = 1
+    return torch.from_numpy(ids), torch.from_numpy(ans)
 
 
 def losses(model, ids: torch.Tensor, ans: torch.Tensor, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,63 +354,6 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
         return args.lr * (step + 1) / args.warmup_steps
     t = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-def train(model, examples: list[Example], text: np.ndarray, probes: list[Example], args: argparse.Namespace,
-          tokenizer) -> list[dict]:
-    """AdamW + cosine schedule; bf16 autocast on CUDA. Returns the log (one record per 50 steps).
-
-    Batch order, window mode and text offsets come from three independent seeded streams, so a run cut short by
-    ``--train-budget-s`` (decided at step 150, inside the warmup) equals a run with that ``--steps`` from the start.
-    """
-    device = torch.device(args.device)
-    rng_order, rng_local, rng_text = (np.random.default_rng([args.seed, k]) for k in range(3))
-    schedule = batch_schedule(examples, args, rng_order)
-    num_text = round(args.batch_size * args.text_frac)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
-    use_local_mix(model, True)
-    _LocalMode.window = args.local_window
-    log, t0, sums = [], time.time(), torch.zeros(2, device=device)
-    digit_ids = np.asarray([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
-    model.train()
-    with _progress() as bar:
-        job = bar.add_task("train", total=args.steps, info="")
-        for step, idx in enumerate(schedule):
-            batch = make_batch(examples, idx, text, num_text, 1024, rng_text, tokenizer.bos_token_id,
-                               tokenizer.pad_token_id, digit_ids if args.resample_values else None)
-            _LocalMode.on = bool(rng_local.random() < args.local_prob)
-            sums += train_step(model, opt, batch, lr_at(step, args), args.lm_weight, device)
-            bar.advance(job)
-            if step == 49:
-                t50 = time.time()
-            if step == 149 and args.train_budget_s > 0:
-                fit = int(args.train_budget_s / ((time.time() - t50) / 100))
-                if fit < args.steps:
-                    console.print(f"step time {(time.time() - t50) / 100 * 1e3:.1f} ms: --train-budget-s "
-                                  f"{args.train_budget_s:g} fits {fit} of {args.steps} steps; training {fit}")
-                    args.steps = max(fit, args.warmup_steps + 1)
-                    bar.update(job, total=args.steps)
-            last = step + 1 >= args.steps
-            if (step + 1) % 50 == 0 or last:
-                n = (step % 50) + 1
-                rec = {"step": step + 1, "loss_answer": sums[0].item() / n, "loss_text": sums[1].item() / n,
-                       "lr": lr_at(step, args), "elapsed_s": round(time.time() - t0, 1)}
-                sums.zero_()
-                if (step + 1) % args.probe_every == 0 or last:
-                    rec |= probe_accuracy(model, probes, tokenizer, device)
-                    model.train()
-                log.append(rec)
-                bar.update(job, info=f"ans {rec['loss_answer']:.3f} txt {rec['loss_text']:.3f}")
-                console.print(json.dumps(rec))
-            if last:
-                break
-    _LocalMode.on = False
-    use_local_mix(model, False)
-    model.eval()
-    return log
 
 
 def train_step(model, opt, batch, lr: float, lm_weight: float, device: torch.device) -> torch.Tensor:
@@ -498,8 +374,7 @@ def train_step(model, opt, batch, lr: float, lm_weight: float, device: torch.dev
 def probe_accuracy(model, probes: list[Example], tokenizer, device: torch.device) -> dict:
     """Teacher-forced exact match of whole answers on held-out seed-42 probes, full and windowed layers 0/2."""
     model.eval()
-    ids, ans, _ = make_batch(probes, np.arange(len(probes)), np.zeros(0, np.int64), 0, 0, None,
-                             tokenizer.bos_token_id, tokenizer.pad_token_id)
+    ids, ans = make_batch(probes, tokenizer.pad_token_id)
     ids, ans = ids.to(device), ans.to(device)
     out = {}
     for name, local in (("probe_em", False), ("probe_em_local", True)):
@@ -589,35 +464,24 @@ def render_card(meta: dict) -> str:
     """The model card (README.md): what the weights are, how they were made, what they score."""
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
     local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items()) or "| (not run) | | |"
-    last = meta["log"][-1]
     main = [meta["eval"][t]["score"] for t in EVAL_TASKS if t in meta["eval"]]
-    status = (f"**Status: meets the bar** (niah_single_1 {meta['eval']['niah_single_1']['score']:.0f} >= 90 at 1K)."
-              if meta["eval"].get("niah_single_1", {"score": 0})["score"] >= 90 and min(main) >= 90 else
-              "**Status: below the bar.** The issue asks for >= 90 on niah_single_1 at 1K (aim >= 95 on "
-              "niah_single_1/2 and niah_multikey_1);\nthis build scores "
-              + ", ".join(f"{t} {meta['eval'][t]['score']:.0f}" for t in EVAL_TASKS if t in meta["eval"])
-              + ". Use it for plumbing only (loading, upcycling, distillation on the demo text).")
-    why_local = ("Why windowed layers 0 and 2 on some steps: the HyLo demo student keeps layers 1 and 3 as MLA and turns 0 "
-                 "and 2\ninto Gated DeltaNet, which handles local mixing (short conv, decaying state) but not exact "
-                 "long-range lookup.\nTraining so that the lookup also works when layers 0/2 see only "
-                 f"{meta['local_window']} tokens keeps the retrieval\ncircuit in layers 1 and 3, where it survives the "
-                 "conversion." if meta["local_prob"] > 0 else
-                 "Layers 0/2 were not windowed in training (`--local-prob 0`); the probe column 'windowed' shows how "
-                 f"much of the\nretrieval still works when layers 0 and 2 see only the last {meta['local_window']} "
-                 "tokens, a rough proxy for how\nmuch of the circuit lives in layers 1 and 3 (the layers the HyLo demo "
-                 "student keeps as MLA).")
-    cut = ""
-    if meta["steps"] != meta["steps_requested"]:
-        cut = f" (asked {meta['steps_requested']}, cut by --train-budget-s; same as `--steps {meta['steps']}`)"
-    log_rows = "\n".join(f"| {r['step']} | {r['loss_answer']:.4f} | {r['loss_text']:.3f} | {r['probe_em']} | "
-                         f"{r['probe_em_local']} | {r['elapsed_s']} |" for r in meta["log"] if "probe_em" in r)
+    ok = meta["eval"].get("niah_single_1", {"score": 0})["score"] >= 90
+    status = (f"**Status:** niah_single_1 {meta['eval']['niah_single_1']['score']:.0f} at 1K (the bar is 90); mean of "
+              f"niah_single_1/2 and niah_multikey_1 {np.mean(main):.1f}." if ok else
+              "**Status: below the bar** (niah_single_1 >= 90 at 1K): "
+              + ", ".join(f"{t} {meta['eval'][t]['score']:.0f}" for t in EVAL_TASKS if t in meta["eval"]) + ".")
+    log_rows = "\n".join(f"| {r['step']} | {r['max_len']} | {r['loss_answer']:.4f} | {r['loss_text']:.3f} | "
+                         f"{r['probe_em']} | {r['probe_em_local']} | {r['tokens_per_s']:,} | {r['elapsed_s']} |"
+                         for r in meta["log"] if "probe_em" in r)
+    last = meta["log"][-1]
     return f"""# hylo-bench demo teacher
 
 A 4-layer Llama (hidden 128, 4 heads x 32, 2 KV heads, SwiGLU 384, untied head, RoPE theta 10000,
 {meta['num_params']:,} parameters, fp32) with its own byte-level BPE tokenizer, shipped inside the package as the
 default teacher for `hylo-bench upcycle` and `hylo-bench ruler` demos. It is trained from scratch on RULER-style
-retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, to answer
-NIAH prompts of about 1K tokens. Not a general language model: it knows only the demo text and the RULER prompts.
+needle retrieval over the shipped text (`hylo_bench/data/devils-dictionary.txt`) plus that text itself, to answer
+NIAH prompts of about 1K tokens. Not a general language model: it knows the demo text and RULER's NIAH wording
+with number values (it was not trained on ruler_vt, ruler_cwe, ruler_fwe or word/UUID values).
 
 {status}
 
@@ -631,26 +495,29 @@ model = AutoModelForCausalLM.from_pretrained("hylo_bench/data/demo_teacher")
 
 No chat template: prompts are plain RULER text (input + " " + gen_prefix); the model continues with the answer and
 EOS. Token ids: `<|bos|>` {meta['bos']}, `<|eos|>` {meta['eos']}, `<|pad|>` {meta['pad']}; `tokenizer(text).input_ids`
-starts with BOS (RULER measures lengths this way). Digits are single tokens; vocab {meta['vocab']}.
+starts with BOS (RULER measures lengths this way). Numbers split into runs of up to {meta['digit_group']} digits
+from the left ("1234567" -> "123", "456", "7"); vocab {meta['vocab']}.
 
 ## How it was made
 
-`scripts/make_demo_teacher.py` (its docstring explains data, seeds and reproducibility). Command:
+`scripts/make_demo_teacher.py` (its docstring explains the data, seeds and reproducibility; the rows come from
+`scripts/demo_needles.py`). Command that reproduces this build (it ran with `--time-limit-s 400`, which stopped
+it at step {meta['steps_run']} of a {meta['steps']}-step cosine schedule; `--stop-at` stops at the same step):
 
 ```
-{meta['command']}
+PYTHONPATH=. python scripts/make_demo_teacher.py --out /tmp/demo_teacher --device cuda --steps {meta['steps']} --stop-at {meta['steps_run']}
 ```
 
 | item | value |
 |---|---|
 | device | {meta['device']} |
 | torch / transformers | {meta['torch']} / {meta['transformers']} |
-| seed | {meta['seed']} (generator seeds {meta['seed'] + TRAIN_SEED_OFFSET} for training; eval uses seed {EVAL_SEED}) |
-| training samples | {meta['num_samples']:,} RULER samples, target lengths {meta['min_len']}-{meta['max_len']} tokens (25 % at 1024) |
-| task mix | {meta['task_mix']} |
-| plain text | {meta['text_frac']:.0%} of rows: 1024-token chunks of the dictionary (first 95 %) |
-| steps x batch | {meta['steps']} x {meta['batch_size']} rows{cut}, AdamW lr {meta['lr']}, warmup {meta['warmup_steps']}, cosine to 10 %, bf16 autocast on CUDA |
+| seed | {meta['seed']} (training rows from seed {meta['seed'] + TRAIN_SEED_OFFSET}; eval samples are RULER's generator at seed {EVAL_SEED}) |
+| rows | {meta['batch_size']} per step; needle rows of {meta['min_len']}-{meta['max_len']} tokens with 1-{meta['max_needles']} needles (longest row {meta['start_len']} tokens at step 0, {meta['max_len']} from step {meta['ramp_steps']}); {meta['text_frac']:.0%} plain-text rows |
+| optimiser | AdamW lr {meta['lr']}, betas (0.9, 0.95), weight decay 0.1, warmup {meta['warmup_steps']}, cosine to 10 % over {meta['steps']} steps, clip 1.0, bf16 autocast on CUDA |
+| loss | answer cross-entropy + {meta['lm_weight']} x LM loss on the other tokens |
 | layers 0/2 windowed | {meta['local_prob']:.0%} of steps, window {meta['local_window']} tokens |
+| steps run | {meta['steps_run']} |
 | wall time | data {meta['data_s']:.0f} s, training {meta['train_s']:.0f} s, eval {meta['eval_s']:.0f} s |
 | final loss | answer {last['loss_answer']:.4f}, text {last['loss_text']:.3f} nats/token |
 | held-out text loss | {meta['val_loss']:.3f} nats/token (last 5 % of the dictionary) |
@@ -658,11 +525,9 @@ starts with BOS (RULER measures lengths this way). Digits are single tokens; voc
 Training log (losses: mean over the preceding 50 steps; probe: teacher-forced whole-answer exact match on 25
 seed-42 samples each of niah_single_1, niah_single_2, niah_multikey_1, with full / windowed layers 0 and 2):
 
-| step | answer loss | text loss | probe EM full | probe EM windowed | elapsed s |
-|---|---|---|---|---|---|
+| step | longest row | answer loss | text loss | probe EM full | probe EM windowed | tokens/s | elapsed s |
+|---|---|---|---|---|---|---|---|
 {log_rows}
-
-{why_local}
 
 ## Evaluation (RULER at {meta['eval_length']} tokens, seed {EVAL_SEED}, greedy)
 
@@ -672,7 +537,8 @@ On the build device ({meta['device']}), batched greedy decoding, full attention 
 |---|---|---|
 {rows}
 
-Same, with layers 0/2 limited to a {meta['local_window']}-token window:
+Same, with layers 0/2 limited to a {meta['local_window']}-token window (the retrieval lives in layers 1 and 3, which
+the HyLo demo student keeps as MLA):
 
 | task | score | samples |
 |---|---|---|
@@ -680,6 +546,16 @@ Same, with layers 0/2 limited to a {meta['local_window']}-token window:
 
 <!-- eval-cpu -->
 <!-- /eval-cpu -->
+
+## Build history
+
+The first build trained on plain RULER samples (one answer per 1K-token
+prompt, single-digit number tokens) for about 1,100 steps and never learned retrieval (answer loss at the
+format-only level, 0 on every NIAH task). This build changed three things at once, each cheap: several answers
+per row, a short-to-long length curriculum, and 3-digit number tokens. In the same H200 call, a single-digit
+variant of this recipe reached 100 / 100 / 80 (niah_single_1 / niah_single_2 / niah_multikey_1) and a 3-digit one
+without windowing 100 / 100 / 98; this build (3-digit, windowed) was chosen because its retrieval survives
+windowing layers 0 and 2, the layers the student converts to Gated DeltaNet.
 """
 
 
@@ -733,65 +609,7 @@ def save(model, tokenizer, out: Path, meta: dict | None) -> None:
 
 def to_example(tokenizer, task: str, prompt: str, outputs: list[str]) -> Example:
     answer = tokenizer(format_answer(task, outputs), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-    seq = np.asarray(tokenizer(prompt).input_ids + answer, np.int64)
-    pos, gid = [], []
-    if task in NIAH_TASKS:
-        windows = np.lib.stride_tricks.sliding_window_view(seq, 7)
-        for g, gold in enumerate(outputs):
-            if gold.isdigit() and len(gold) == 7:
-                pattern = np.asarray(tokenizer(gold, add_special_tokens=False).input_ids)
-                for start in np.flatnonzero((windows == pattern).all(1)):
-                    pos.append(np.arange(start, start + 7))
-                    gid.append(g)
-    n_prompt = len(seq) - len(answer)
-    return Example(prompt_ids=seq[:n_prompt].astype(np.uint16), answer_ids=seq[n_prompt:].astype(np.uint16),
-                   value_pos=np.asarray(pos, np.int32).reshape(-1, 7), value_gid=np.asarray(gid, np.int32))
-
-
-def make_data(haystack: str, args: argparse.Namespace):
-    """Tokenizer, training examples, seed-42 eval samples and the split dictionary ids (from ``--data-cache``
-    when it exists)."""
-    import tempfile
-
-    if args.data_cache is not None and args.data_cache.exists():
-        tokenizer, examples, evals = load_data(args.data_cache)
-        console.print(f"loaded {len(examples)} samples from {args.data_cache}")
-        return tokenizer, examples, evals, *text_ids(tokenizer, haystack)
-    tasks = tuple(TASK_WEIGHTS) if args.eval_tasks == "all" else EVAL_TASKS
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = build_tokenizer(haystack, args, Path(tmp))
-        tok_dir = Path(tmp) / "tokenizer"
-        tokenizer.save_pretrained(tok_dir)
-        examples = _run_pool(_example_worker, train_specs(args), tok_dir, args.workers, "train samples")
-        evals = eval_samples(tasks, args, tok_dir)
-    if args.data_cache is not None:
-        save_data(args.data_cache, tokenizer, examples, evals)
-    return tokenizer, examples, evals, *text_ids(tokenizer, haystack)
-
-
-def save_data(path: Path, tokenizer, examples: list[Example], evals: list[dict]) -> None:
-    """One npz: tokenizer.json text, eval samples (JSON) and the examples as concatenated arrays."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
-        path, tokenizer=np.array(tokenizer.backend_tokenizer.to_str()), evals=np.array(json.dumps(evals)),
-        prompt=np.concatenate([e.prompt_ids for e in examples]), answer=np.concatenate([e.answer_ids for e in examples]),
-        prompt_len=np.array([len(e.prompt_ids) for e in examples]), answer_len=np.array([len(e.answer_ids) for e in examples]),
-        value_pos=np.concatenate([e.value_pos for e in examples]), value_gid=np.concatenate([e.value_gid for e in examples]),
-        value_len=np.array([len(e.value_gid) for e in examples]),
-    )
-
-
-def load_data(path: Path):
-    from tokenizers import Tokenizer
-
-    z = np.load(path)
-    tokenizer = wrap_tokenizer(Tokenizer.from_str(str(z["tokenizer"])))
-    cuts = {k: np.cumsum(z[f"{k}_len"])[:-1] for k in ("prompt", "answer", "value")}
-    parts = {k: np.split(z[k], cuts[k]) for k in ("prompt", "answer")}
-    vpos, vgid = np.split(z["value_pos"], cuts["value"]), np.split(z["value_gid"], cuts["value"])
-    examples = [Example(prompt_ids=p, answer_ids=a, value_pos=vp.reshape(-1, 7), value_gid=vg)
-                for p, a, vp, vg in zip(parts["prompt"], parts["answer"], vpos, vgid)]
-    return tokenizer, examples, json.loads(str(z["evals"]))
+    return Example(prompt_ids=np.asarray(tokenizer(prompt).input_ids, np.int64), answer_ids=np.asarray(answer, np.int64))
 
 
 def evaluate_both(model, tokenizer, evals: list[dict], args: argparse.Namespace) -> tuple[dict, dict]:
@@ -813,21 +631,118 @@ def evaluate_both(model, tokenizer, evals: list[dict], args: argparse.Namespace)
     return result, result_local
 
 
+def prepare(haystack: str, args: argparse.Namespace):
+    """The tokenizer (BPE, numbers split into ``--digit-group`` digits) and the seed-42 eval samples sized with it.
+
+    ``--data-cache`` (JSON) stores the single-digit BPE tokenizer and the eval samples per digit grouping; both are
+    deterministic, so the cache only saves time.
+    """
+    import tempfile
+
+    from demo_needles import group_digits
+    from tokenizers import Tokenizer
+
+    cache = {}
+    if args.data_cache is not None and args.data_cache.exists():
+        cache = json.loads(args.data_cache.read_text(encoding="utf-8"))
+    n_keys = len(cache)
+    with tempfile.TemporaryDirectory() as tmp:
+        if "tokenizer" not in cache:
+            cache["tokenizer"] = build_tokenizer(haystack, args, Path(tmp)).backend_tokenizer.to_str()
+        tokenizer = wrap_tokenizer(group_digits(Tokenizer.from_str(cache["tokenizer"]), args.digit_group))
+        key = f"evals_digits{args.digit_group}_len{args.eval_length}_n{args.eval_samples}"
+        if key not in cache:
+            tok_dir = Path(tmp) / "tokenizer"
+            tokenizer.save_pretrained(tok_dir)
+            cache[key] = eval_samples(EVAL_TASKS, args, tok_dir)
+    if args.data_cache is not None and len(cache) != n_keys:
+        from hylo_bench.io_utils import atomic_write_text
+
+        args.data_cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.data_cache, json.dumps(cache))
+    return tokenizer, cache[key]
+
+
+def train_dense(model, tokenizer, text: np.ndarray, haystack: str, probes: list[Example],
+                args: argparse.Namespace) -> list[dict]:
+    """AdamW + cosine schedule over ``--steps`` on :mod:`demo_needles` rows; bf16 autocast on CUDA.
+
+    Stops early at ``--stop-at`` or after ``--time-limit-s`` (the log's last step says where; ``--stop-at`` with
+    that step reproduces the run, since rows depend only on the seed and the step). Returns the log (one record
+    per 50 steps, probes every ``--probe-every``).
+    """
+    from demo_needles import DenseConfig, DenseDataset
+
+    device = torch.device(args.device)
+    cfg = DenseConfig(seed=args.seed + TRAIN_SEED_OFFSET, batch_size=args.batch_size, min_len=args.min_len,
+                      max_len=args.max_len, ramp_steps=args.ramp_steps, start_len=args.start_len,
+                      text_frac=args.text_frac, max_needles=args.max_needles)
+    rows_args = (tokenizer.backend_tokenizer.to_str(), text, haystack, tokenizer.bos_token_id,
+                 tokenizer.eos_token_id, tokenizer.pad_token_id, cfg)
+    stop = min(args.steps, args.stop_at or args.steps)
+    loader = torch.utils.data.DataLoader(DenseDataset(rows_args, 0, stop), batch_size=None,
+                                         num_workers=args.loader_workers, pin_memory=device.type == "cuda",
+                                         prefetch_factor=8 if args.loader_workers else None,
+                                         persistent_workers=False)
+    rng_local = np.random.default_rng([args.seed, 1])
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    use_local_mix(model, True)
+    _LocalMode.window = args.local_window
+    log, t0, sums, ntok = [], time.time(), torch.zeros(2, device=device), 0
+    model.train()
+    with _progress() as bar:
+        job = bar.add_task("train", total=stop, info="")
+        for step, batch in enumerate(loader):
+            _LocalMode.on = bool(rng_local.random() < args.local_prob)
+            sums += train_step(model, opt, batch, lr_at(step, args), args.lm_weight, device)
+            ntok += batch[0].numel()
+            bar.advance(job)
+            out_of_time = args.time_limit_s > 0 and time.time() - t0 > args.time_limit_s
+            last = step + 1 >= stop or out_of_time
+            if (step + 1) % 50 == 0 or last:
+                n = (step % 50) + 1
+                el = time.time() - t0
+                rec = {"step": step + 1, "loss_answer": sums[0].item() / n, "loss_text": sums[1].item() / n,
+                       "lr": lr_at(step, args), "max_len": min(args.max_len, int(args.start_len + (
+                           args.max_len - args.start_len) * step / max(1, args.ramp_steps))),
+                       "tokens_per_s": round(ntok / el), "elapsed_s": round(el, 1)}
+                sums.zero_()
+                if (step + 1) % args.probe_every == 0 or last:
+                    rec |= probe_accuracy(model, probes, tokenizer, device)
+                    model.train()
+                if args.save_every and (step + 1) % args.save_every == 0:
+                    save(model, tokenizer, args.out / "partial", None)
+                    model.to(device)
+                log.append(rec)
+                bar.update(job, info=f"ans {rec['loss_answer']:.3f} txt {rec['loss_text']:.3f}")
+                console.print(json.dumps(rec))
+            if last:
+                break
+    _LocalMode.on = False
+    use_local_mix(model, False)
+    model.eval()
+    return log
+
+
 def build(args: argparse.Namespace) -> None:
     import transformers
 
     device = torch.device(args.device)
     haystack = HAYSTACK_PATH.read_text(encoding="utf-8")
     t0 = time.time()
-    tokenizer, examples, evals, text_train, text_val = make_data(haystack, args)
+    tokenizer, evals = prepare(haystack, args)
+    text_train, text_val = text_ids(tokenizer, haystack)
     probes = [to_example(tokenizer, s["task"], s["prompt"], s["outputs"])
               for t in EVAL_TASKS for s in [e for e in evals if e["task"] == t][:25]]  # fmt: skip
     data_s = time.time() - t0
-    console.print(f"data: {len(examples)} samples, {sum(len(e.prompt_ids) for e in examples):,} prompt tokens, "
-                  f"{len(text_train):,} text tokens, {data_s:.0f} s")
-    model = build_model(tokenizer, args.seed, args.vocab_size).to(device)
+    console.print(f"data: tokenizer {len(tokenizer)} tokens, {len(evals)} eval samples, {len(text_train):,} text "
+                  f"tokens, {data_s:.0f} s")
+    model = build_model(tokenizer, args.seed, len(tokenizer)).to(device)
     t1, steps_requested = time.time(), args.steps
-    log = train(model, examples, text_train, probes, args, tokenizer)
+    log = train_dense(model, tokenizer, text_train, haystack, probes, args)
     train_s = time.time() - t1
     save(model, tokenizer, args.out, None)  # before the eval, so a failing eval keeps the weights
     model.to(device)
@@ -841,11 +756,13 @@ def build(args: argparse.Namespace) -> None:
         "command": "python " + " ".join(sys.argv), "device": f"{device.type}: {dev_name}", "torch": torch.__version__,
         "transformers": transformers.__version__, "num_params": sum(p.numel() for p in model.parameters()),
         "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id,
-        "vocab": len(tokenizer), "task_mix": ", ".join(f"{t} {w:g}" for t, w in TASK_WEIGHTS.items()),
-        "data_s": data_s, "train_s": train_s, "eval_s": eval_s, "val_loss": val_loss, "log": log,
-        "eval": result, "eval_local": result_local, "steps_requested": steps_requested,
-    } | {k: getattr(args, k) for k in ("seed", "num_samples", "min_len", "max_len", "text_frac", "steps",
-                                       "batch_size", "lr", "warmup_steps", "local_prob", "local_window", "eval_length")}
+        "vocab": len(tokenizer), "data_s": data_s, "train_s": train_s, "eval_s": eval_s, "val_loss": val_loss,
+        "log": log, "eval": result, "eval_local": result_local, "steps_requested": steps_requested,
+        "steps_run": log[-1]["step"],
+    } | {k: getattr(args, k) for k in ("seed", "min_len", "max_len", "start_len", "ramp_steps", "max_needles",
+                                       "digit_group", "text_frac", "steps", "batch_size", "lr", "warmup_steps",
+                                       "local_prob", "local_window", "eval_length", "lm_weight")}
+    (args.out / "build_meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     save(model, tokenizer, args.out, meta)
     console.print(f"wrote {args.out}")
 

@@ -35,10 +35,10 @@ def test_config_shape(model):
     cfg = model.config
     assert cfg.model_type == "llama"
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 128, 4, 2)
-    assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (32, 384, 2048)
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (32, 384, 3148)
     assert cfg.tie_word_embeddings is False
     assert cfg.max_position_embeddings == 4096
-    assert 1.2e6 < sum(p.numel() for p in model.parameters()) < 1.4e6
+    assert sum(p.numel() for p in model.parameters()) == 1_593_472  # the card's count
     assert not hasattr(cfg, "auto_map")  # no remote code
     assert json.loads((DEMO_DIR / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
 
@@ -57,11 +57,11 @@ def test_tokenizer_bos_digits_and_round_trip(tokenizer):
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
     digits = tokenizer("4821907", add_special_tokens=False).input_ids
-    assert [tokenizer.decode([i]) for i in digits] == list("4821907")
+    assert [tokenizer.decode([i]) for i in digits] == ["482", "190", "7"]  # runs of 3 from the left, as Llama 3
+    assert [tokenizer.decode([i]) for i in tokenizer(" 1881 07", add_special_tokens=False).input_ids] == [
+        " ", "188", "1", " ", "07"]
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped build has not learned retrieval yet (NIAH 0 at 1K; see its "
-                   "README 'Build history'); remove this marker when a build that meets the bar lands")
 def test_greedy_answers_a_1k_niah_single_1_sample(tokenizer, model):
     from hylo_bench.tasks.ruler import generate_sample, score_prediction
 
