@@ -8,7 +8,7 @@ learns from is produced here, from the package's own text and generator:
   dictionary (so "special magic", needle words and the noise haystack become compact). Numbers are then split
   into runs of up to 3 digits, left to right, as the Llama 3 tokenizer does (``--digit-group 3``: 1,100 number
   tokens appended, 3,148 in all): a 7-digit value is 3 tokens, and copying it needs no digit counting.
-* Training rows (:mod:`demo_needles`): RULER's NIAH wording and haystacks (the noise line, the shipped essay),
+* Training rows (:mod:`hylo_bench.upcycle.needles`): RULER's NIAH wording and haystacks (the noise line, the shipped essay),
   1-8 needles with distinct keys per row and several questions in a row, each followed by its answer, so every
   row carries several retrieval targets (a plain RULER sample carries one, and a first build trained on those
   alone never learned retrieval). Row lengths follow a curriculum: at most ``--start-len`` tokens at step 0,
@@ -501,7 +501,7 @@ from the left ("1234567" -> "123", "456", "7"); vocab {meta['vocab']}.
 ## How it was made
 
 `scripts/make_demo_teacher.py` (its docstring explains the data, seeds and reproducibility; the rows come from
-`scripts/demo_needles.py`). Command that reproduces this build (it ran with `--time-limit-s 400`, which stopped
+`hylo_bench/upcycle/needles.py`). Command that reproduces this build (it ran with `--time-limit-s 400`, which stopped
 it at step {meta['steps_run']} of a {meta['steps']}-step cosine schedule; `--stop-at` stops at the same step):
 
 ```
@@ -639,7 +639,7 @@ def prepare(haystack: str, args: argparse.Namespace):
     """
     import tempfile
 
-    from demo_needles import group_digits
+    from hylo_bench.upcycle.needles import group_digits
     from tokenizers import Tokenizer
 
     cache = {}
@@ -665,22 +665,20 @@ def prepare(haystack: str, args: argparse.Namespace):
 
 def train_dense(model, tokenizer, text: np.ndarray, haystack: str, probes: list[Example],
                 args: argparse.Namespace) -> list[dict]:
-    """AdamW + cosine schedule over ``--steps`` on :mod:`demo_needles` rows; bf16 autocast on CUDA.
+    """AdamW + cosine schedule over ``--steps`` on :mod:`hylo_bench.upcycle.needles` rows; bf16 autocast on CUDA.
 
     Stops early at ``--stop-at`` or after ``--time-limit-s`` (the log's last step says where; ``--stop-at`` with
     that step reproduces the run, since rows depend only on the seed and the step). Returns the log (one record
     per 50 steps, probes every ``--probe-every``).
     """
-    from demo_needles import DenseConfig, DenseDataset
+    from hylo_bench.upcycle.needles import DenseConfig, DenseDataset
 
     device = torch.device(args.device)
     cfg = DenseConfig(seed=args.seed + TRAIN_SEED_OFFSET, batch_size=args.batch_size, min_len=args.min_len,
                       max_len=args.max_len, ramp_steps=args.ramp_steps, start_len=args.start_len,
                       text_frac=args.text_frac, max_needles=args.max_needles)
-    rows_args = (tokenizer.backend_tokenizer.to_str(), text, haystack, tokenizer.bos_token_id,
-                 tokenizer.eos_token_id, tokenizer.pad_token_id, cfg)
     stop = min(args.steps, args.stop_at or args.steps)
-    loader = torch.utils.data.DataLoader(DenseDataset(rows_args, 0, stop), batch_size=None,
+    loader = torch.utils.data.DataLoader(DenseDataset(tokenizer, text, haystack, cfg, 0, stop), batch_size=None,
                                          num_workers=args.loader_workers, pin_memory=device.type == "cuda",
                                          prefetch_factor=8 if args.loader_workers else None,
                                          persistent_workers=False)

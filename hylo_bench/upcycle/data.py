@@ -1,28 +1,20 @@
 """Distillation data: text sources, the demo mixture, and fixed-length token windows.
 
-``--data`` is ``demo`` (the shipped public-domain text plus RULER-style retrieval samples built with the
-project's generator and training seeds disjoint from evaluation), or a path: a ``.txt`` file (documents
+``--data`` is ``demo`` (the shipped public-domain text plus RULER-style needle-retrieval rows with several
+answers each, drawn from a random stream disjoint from evaluation), or a path: a ``.txt`` file (documents
 separated by blank lines), a ``.jsonl`` file (``text`` field per line), or a directory of such files.
 Windows are deterministic given the seed, so a resumed run sees the same batches.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import random
 from pathlib import Path
 
 import torch
 
-from hylo_bench.tasks.ruler import generate_sample
-
-DEMO_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-              "niah_multiquery", "niah_multivalue")
 TRAIN_SEED_BASE = 10_000
-ANSWER_ROOM = 48  # tokens left for the gold answer + EOS in a retrieval window
-logger = logging.getLogger(__name__)  # evaluation uses seed 42; training samples never share its per-sample seeds
 
 
 def shipped_text() -> str:
@@ -67,36 +59,25 @@ def load_documents(path: str | Path) -> list[str]:
     return docs
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_once(message: str) -> None:
-    logger.warning(message)
-
-
 def retrieval_examples(tokenizer, seq_len: int, count: int, seed: int) -> list[list[int]]:
-    """Up to ``count`` RULER-style examples (prompt + gold answer + EOS) of at most ``seq_len`` tokens.
+    """``count`` needle-retrieval rows (BOS ... EOS) of at most ``seq_len`` tokens, several answers each.
 
-    Uses the project's RULER generator with seeds ``TRAIN_SEED_BASE + seed`` (never the evaluation seeds). The
-    generator reserves ``max_gen_toks`` for the answer; we ask for ``seq_len + max_gen_toks - ANSWER_ROOM`` so
-    prompt + answer fill the window. Returns [] when ``seq_len`` is too short for a retrieval prompt.
+    Rows come from :class:`hylo_bench.upcycle.needles.DenseRows` (RULER's NIAH wording, noise or essay haystack,
+    1-8 needles, one or more questions each followed by its answer), drawn from ``random.Random(TRAIN_SEED_BASE +
+    seed)``; the evaluation uses RULER's generator at seed 42, a different stream. Row lengths are spread over
+    [seq_len / 2, seq_len - 16] and rows are cut at ``seq_len``.
     """
-    from hylo_bench.tasks.ruler import get_task
+    import numpy as np
 
-    text = shipped_text()
+    from hylo_bench.upcycle.needles import DenseConfig, DenseRows
+
+    rng = random.Random(TRAIN_SEED_BASE + seed)
+    rows = DenseRows(tokenizer, np.zeros(0, np.int64), shipped_text(), DenseConfig(seed=TRAIN_SEED_BASE + seed,
+                                                                                   batch_size=1, fit_short_rows=True))
     out = []
-    for i in range(count):
-        task = DEMO_TASKS[i % len(DEMO_TASKS)]
-        target = seq_len + get_task(task).max_gen_toks - ANSWER_ROOM
-        try:
-            s = generate_sample(task, tokenizer, target, index=i, seed=TRAIN_SEED_BASE + seed, haystack_text=text)
-        except ValueError:  # the window is shorter than the task's smallest prompt
-            _warn_once(f"stage length {seq_len} tokens is too short for RULER-style retrieval examples; the demo data "
-                       f"of this length is text only")
-            return []
-        answer = " " + ", ".join(s["outputs"]) + "."
-        ids = tokenizer(s["prompt"]).input_ids + tokenizer(answer, add_special_tokens=False).input_ids
-        ids.append(tokenizer.eos_token_id)
-        if len(ids) <= seq_len:
-            out.append(ids)
+    for _ in range(count):
+        ids, _, _ = rows.needle_row(rng, rng.randint(seq_len // 2, max(seq_len // 2, seq_len - 16)))
+        out.append(ids[:seq_len].tolist())
     return out
 
 

@@ -1,4 +1,7 @@
-"""Training rows for the demo teacher: RULER-format needle retrieval with many answers per row.
+"""Retrieval training rows: RULER-format needle retrieval with many answers per row.
+
+Used to train the embedded demo teacher (``scripts/make_demo_teacher.py``) and as the retrieval half of the
+``--data demo`` distillation mixture (:mod:`hylo_bench.upcycle.data`).
 
 A RULER NIAH sample has one answer (about 9 tokens) per 1K-token prompt, so a model trained on such samples alone
 gets almost no signal for *retrieval* (the answer loss stays at the format-only level, see the card's build
@@ -83,6 +86,9 @@ class DenseConfig:
     text_frac: float = 0.1
     max_needles: int = 8
     single_query_frac: float = 0.4
+    fit_short_rows: bool = False
+    """Cap needles and questions so short rows keep their length (off in the shipped demo teacher's build, which
+    predates it; on for the distillation data)."""
 
 
 class DenseRows:
@@ -93,16 +99,18 @@ class DenseRows:
     an intermediate answer are in neither.
     """
 
-    def __init__(self, tokenizer_json: str, text_ids: np.ndarray, essay: str, bos: int, eos: int, pad: int,
-                 cfg: DenseConfig):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tokenizer_json)
-        self.text, self.bos, self.eos, self.pad, self.cfg = text_ids, bos, eos, pad, cfg
+    def __init__(self, tokenizer, text_ids: np.ndarray, essay: str, cfg: DenseConfig):
+        self.tok = tokenizer
+        self.text, self.cfg = text_ids, cfg
+        self.bos, self.eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.words = essay_words(essay)
-        n = len(self.tok.encode(" ".join(self.words[:20000]), add_special_tokens=False).ids)
+        n = len(self._encode([" ".join(self.words[:20000])])[0])
         self.tokens_per_word = n / 20000
-        self.tokens_per_line = len(self.tok.encode("\n" + NOISE_LINE, add_special_tokens=False).ids)
+        self.tokens_per_line = len(self._encode(["\n" + NOISE_LINE])[0])
+
+    def _encode(self, pieces: list[str]) -> list[list[int]]:
+        return self.tok(pieces, add_special_tokens=False).input_ids
 
     def max_len_at(self, step: int) -> int:
         c = self.cfg
@@ -118,7 +126,7 @@ class DenseRows:
                 rows.append(self._text_row(rng, top))
                 continue
             length = 1024 if step >= c.ramp_steps and rng.random() < 0.25 else rng.randint(min(c.min_len, top), top)
-            rows.append(self._needle_row(rng, length))
+            rows.append(self.needle_row(rng, length))
         width = max(len(r[0]) for r in rows)
         ids = np.full((len(rows), width), self.pad, np.int64)
         ans = np.zeros((len(rows), width - 1), np.float32)
@@ -134,8 +142,10 @@ class DenseRows:
         seq = np.concatenate([[self.bos], self.text[off:off + length - 1]]).astype(np.int64)
         return seq, np.zeros(len(seq) - 1, np.float32), np.ones(len(seq) - 1, np.float32)
 
-    def _needle_row(self, rng: random.Random, length: int):
-        """One row of about ``length`` tokens; returns (ids, ans mask, ctx mask) over next-token targets."""
+    def needle_row(self, rng: random.Random, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One row of about ``length`` tokens (BOS first, EOS last): ``(ids [n], ans [n-1], ctx [n-1])``, the masks
+        over next-token targets. The length is estimated from average token rates, so a row can miss it by a
+        few percent either way."""
         c = self.cfg
         m = 1 if rng.random() < 0.35 else rng.randint(2, c.max_needles)
         keys: list[str] = []
@@ -146,6 +156,11 @@ class DenseRows:
         values = [random_number(rng) for _ in range(m)]
         needles = [NEEDLE.format(type_needle_v="numbers", key=k, value=v) for k, v in zip(keys, values)]
         q = 1 if rng.random() < c.single_query_frac else rng.randint(1, m + 1)
+        if c.fit_short_rows:  # fewer needles/questions where their fixed text (~32 + 20 per needle + 42 per
+            m_fit = max(1, (length - 74) // 62)  # question tokens) would not fit the length
+            if m > m_fit:
+                m, keys, values, needles = m_fit, keys[:m_fit], values[:m_fit], needles[:m_fit]
+            q = max(1, min(q, (length - 32 - 20 * m) // 42))
         asked = [rng.randrange(m) for _ in range(q)]
         overhead = 32 + 20 * m + 42 * q
         budget = max(0, length - overhead)
@@ -170,33 +185,55 @@ class DenseRows:
         for i in asked:
             pieces += [QUESTION.format(key=keys[i]), f" {values[i]}."]
             kinds += ["ctx", "ans"]
-        enc = self.tok.encode_batch(pieces, add_special_tokens=False)
+        enc = self._encode(pieces)
         seq = [self.bos]
         ans, ctx = [], []
         for j, (e, kind) in enumerate(zip(enc, kinds)):
-            n = len(e.ids)
+            n = len(e)
             first_of_question = kind == "ctx" and j > 1
             ans += [1.0 if kind == "ans" else 0.0] * n
             ctx += [0.0 if kind == "ans" else 1.0] * n
             if first_of_question:  # the "\n" after an intermediate answer: not trained (EOS comes after the last)
                 ctx[len(seq) - 1] = 0.0
-            seq += e.ids
+            seq += e
         seq.append(self.eos)
         ans.append(1.0)
         ctx.append(0.0)
         return np.asarray(seq, np.int64), np.asarray(ans, np.float32), np.asarray(ctx, np.float32)
 
 
-class DenseDataset(torch.utils.data.IterableDataset):
-    """Steps ``start .. stop-1`` of :class:`DenseRows`, split round-robin over loader workers (order-stable)."""
+class _RustTokenizer:
+    """The part of an HF fast tokenizer :class:`DenseRows` uses, rebuilt from its JSON inside a loader worker
+    (sending the HF object to forked workers left them hanging at exit)."""
 
-    def __init__(self, rows_args: tuple, start: int, stop: int):
+    def __init__(self, tokenizer_json: str, bos: int, eos: int, pad: int | None):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = bos, eos, pad
+
+    def __call__(self, pieces: list[str], add_special_tokens: bool = False):
+        from types import SimpleNamespace
+
+        enc = self.tok.encode_batch(pieces, add_special_tokens=add_special_tokens)
+        return SimpleNamespace(input_ids=[e.ids for e in enc])
+
+
+class DenseDataset(torch.utils.data.IterableDataset):
+    """Steps ``start .. stop-1`` of :class:`DenseRows`, split round-robin over loader workers (order-stable).
+
+    ``tokenizer`` is an HF fast tokenizer; workers rebuild it from its JSON.
+    """
+
+    def __init__(self, tokenizer, text_ids: np.ndarray, essay: str, cfg: DenseConfig, start: int, stop: int):
         super().__init__()
-        self.rows_args, self.start, self.stop = rows_args, start, stop
+        self.tok_args = (tokenizer.backend_tokenizer.to_str(), tokenizer.bos_token_id, tokenizer.eos_token_id,
+                         tokenizer.pad_token_id)
+        self.text_ids, self.essay, self.cfg, self.start, self.stop = text_ids, essay, cfg, start, stop
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        rows = DenseRows(*self.rows_args)
+        rows = DenseRows(_RustTokenizer(*self.tok_args), self.text_ids, self.essay, self.cfg)
         for step in range(self.start + wid, self.stop, nw):
             yield rows.batch(step)
