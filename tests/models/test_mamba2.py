@@ -240,3 +240,23 @@ def test_qwen_14mla14m2_model_on_meta_matches_spec():
     total = sum(math.prod(s) for s in expected.values())
     assert sum(p.numel() for p in model.parameters()) == total == 2_065_541_280
     assert round(total / 1e9, 1) == 2.1  # paper Table 7: Qwen 14MLA14M2 2.1B
+
+
+def test_matches_transformers_mamba2_mixer_when_xb_is_full_width():
+    """With d_xb = d_inner (no KV repeat) the Zebra-Llama layout is the standard Mamba-2 layout with
+    ngroups = nheads and headdim = d_state: an independent torch implementation (transformers ``Mamba2Mixer``,
+    its norm swapped for the per-head grouping of sec. 4.3 (e)) must give the same output."""
+    from transformers import Mamba2Config
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+    cfg = Mamba2Config(hidden_size=32, num_heads=4, head_dim=8, state_size=8, n_groups=4, expand=1, conv_kernel=4,
+                       use_conv_bias=True, use_bias=False, chunk_size=8, layer_norm_epsilon=1e-5, num_hidden_layers=1)
+    torch.manual_seed(3)
+    hf = Mamba2Mixer(cfg, layer_idx=0).double().eval()
+    ours = tiny(hidden_size=32, d_inner=32, d_xb=32, ngroups=4, d_state=8)
+    assert set(ours.state_dict()) == set(hf.state_dict())
+    hf.load_state_dict(ours.state_dict())
+    hf.norm.forward = lambda y, gate: ours.norm(y, gate)  # grouped gated norm (mamba_ssm group_size = d_state)
+    u = rand_x(2, 13, D=32)
+    with torch.no_grad():  # transformers computes A = -exp(A_log.float()) in float32: ~2e-8, not 1e-15
+        assert rel_err(ours(u)[0], hf(u)) < 1e-6
