@@ -261,7 +261,8 @@ class HyLoConfig(PretrainedConfig):
             raise ValueError("hybrid config ssm_cfg.repeat_kv_before_conv = true is not supported (every released "
                              "Zebra-Llama / HyLo layout uses false: x and B are repeated after the conv)")
         if self.d_model != self.hidden_size:
-            raise ValueError(f"hybrid config key 'd_model' = {self.d_model} must equal hidden_size = {self.hidden_size}")
+            raise ValueError(f"hybrid config key 'd_model' = {self.d_model} must equal hidden_size = "
+                             f"{self.hidden_size}")
         ngroups = int(cfg.get("ngroups") or self.num_attention_heads)
         d_state = int(cfg.get("d_state") or self.base_head_dim)
         d_inner = int(self.d_inner or ngroups * d_state)

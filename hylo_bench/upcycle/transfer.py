@@ -1,7 +1,8 @@
 """Stage 0 of upcycling: the hybrid config for a base model, and the student initialised from its weights.
 
 MLA layers get the SVD init of the base q/k/v/o (checkpoint-format.md §7.1), GDN layers the GQA-expand +
-truncate init (§7.4), Mamba-2 layers the MambaInLlama mapping V->x, K->B, Q->C, O->out_proj (§7.3); MLP, norms and embeddings are copied verbatim; ``lm_head`` is an independent copy of the
+truncate init (§7.4), Mamba-2 layers the MambaInLlama mapping V->x, K->B, Q->C, O->out_proj (§7.3); MLP,
+norms and embeddings are copied verbatim; ``lm_head`` is an independent copy of the
 base head (for tied bases: of the embedding, §4.3 (a)).
 """
 

@@ -114,7 +114,8 @@ def test_fla_backend_matches_torch_bf16():
     pytest.importorskip("fla")
     a, e = inputs(Bsz=2, T=300, H=4, G=2, P=64, N=64, dtype=torch.bfloat16, device="cuda")
     a["A"] = a["A"].float()
-    kw = dict(D=e["D"].float(), dt_bias=e["dt_bias"].float(), dt_softplus=True, initial_state=e["initial_state"].float())
+    kw = dict(D=e["D"].float(), dt_bias=e["dt_bias"].float(), dt_softplus=True,
+              initial_state=e["initial_state"].float())
     y_t, S_t = ssd_scan(**a, **kw, backend="torch")
     y_f, S_f = ssd_scan(**a, **kw, backend="fla")
     assert rel_err(y_f, y_t) < 1e-2 and rel_err(S_f, S_t) < 1e-2

@@ -260,3 +260,16 @@ def test_matches_transformers_mamba2_mixer_when_xb_is_full_width():
     u = rand_x(2, 13, D=32)
     with torch.no_grad():  # transformers computes A = -exp(A_log.float()) in float32: ~2e-8, not 1e-15
         assert rel_err(ours(u)[0], hf(u)) < 1e-6
+
+
+@pytest.mark.gpu
+def test_layer_fla_backend_matches_torch_backend_bf16():
+    pytest.importorskip("fla")
+    m = tiny(torch.bfloat16, hidden_size=128, d_inner=256, d_xb=128, ngroups=4, d_state=64).cuda()
+    u = rand_x(2, 300, D=128, dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        m.backend = "torch"
+        ref, st_ref = m(u, use_cache=True)
+        m.backend = "fla"
+        out, st = m(u, use_cache=True)
+    assert rel_err(out, ref) < 1e-2 and rel_err(st.ssm, st_ref.ssm) < 1e-2
