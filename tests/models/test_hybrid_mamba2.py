@@ -161,3 +161,14 @@ def test_zebra_llama_format_checkpoint_loads(tmp_path):
     with torch.no_grad():
         out = m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 6)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(ssm_cfg={"ngroups": 4, "d_state": 16, "repeat_kv_before_conv": True}), "repeat_kv_before_conv = true"),
+    (dict(d_inner=48), "d_inner = 48 must equal ssm_cfg.ngroups \\* ssm_cfg.d_state = 4 \\* 16"),
+    (dict(d_xb=24), "d_xb = 24 must be n_kv \\* d_state"),
+    (dict(d_model=32), "'d_model' = 32 must equal hidden_size = 64"),
+])
+def test_bad_mamba_config_is_named(change, match):
+    with pytest.raises(ValueError, match=match):
+        m2_config(**change)

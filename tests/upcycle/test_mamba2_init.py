@@ -66,3 +66,10 @@ def test_init_student_uses_mapping_for_mamba_layers(kind):
     x = torch.randint(0, 97, (1, 9))
     with torch.no_grad():
         assert torch.isfinite(student(x).logits).all()
+
+
+def test_layout_m2_resolves_to_mamba():
+    from hylo_bench.upcycle.run import UpcycleConfig, resolve_layout
+
+    cfg = UpcycleConfig(out="/tmp/unused", layout="2MLA2M2")
+    assert resolve_layout(cfg, 4) == ([1, 3], "mamba")
