@@ -6,7 +6,8 @@ Per MLA layer and token the cache holds R_kv + R elements (checkpoint-format.md 
 the shared rope key. Without Qwen3 q/k norms the rope key is stored after RoPE (as Zebra-Llama's inference
 stack does); with q/k norms the key norm needs k_nope first, so the raw rope key is stored together with the
 token positions (one int per token) and RoPE is applied when the keys are rebuilt.
-Linear layers keep a fixed-size state (``GDNState``), independent of T.
+Linear layers keep a fixed-size state, independent of T: ``GDNState`` (recurrent + q/k/v conv inputs) for GDN
+layers, ``Mamba2State`` (SSM state [B, H, P, N] + [x | B | C] conv inputs) for Mamba-2 layers.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ WEIGHTS_NAME = "model.safetensors"
 INFERENCE_ONLY_SUFFIXES = (".wk_b", ".wv_b")  # Zebra-Llama inference buffers, never saved (§2 rule 4)
 GDN_SIGNATURE = ("A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "g_proj.weight",
                  "o_norm.weight")
+# Mamba-2 (Zebra-Llama) mixer keys that GDN lacks; A_log and dt_bias occur in both (§3.2).
+MAMBA2_SIGNATURE = ("in_proj.weight", "conv1d.weight", "D")
+_KIND_NAMES = {"gdn": "Gated DeltaNet", "mamba": "Mamba-2", "mla": "MLA"}
 
 
 class CheckpointMismatchError(ValueError):
@@ -100,23 +103,48 @@ def read_tensor_shapes(d: Path) -> dict[str, tuple[tuple[int, ...], Path]]:
     return out
 
 
-def _canonical_key(key: str, gdn_attr: dict[int, str]) -> str:
+def _canonical_key(key: str, mixer_attr: dict[int, tuple[str, str]]) -> str:
     parts = key.split(".")
     if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
-        attr = gdn_attr.get(int(parts[2]))
+        attr, kind = mixer_attr.get(int(parts[2]), (None, None))
         if attr and parts[3] == attr:
-            parts[3] = "gdn"
+            parts[3] = kind
     return ".".join(parts)
 
 
-def _detect_gdn_attrs(keys: list[str]) -> dict[int, str]:
-    """Layer index -> attribute holding a GDN mixer, found by fla's signature keys (§4.4)."""
+def _detect_mixer_attrs(keys: list[str]) -> dict[int, tuple[str, str]]:
+    """Layer index -> (attribute, "gdn" | "mamba") of its linear mixer, found by signature keys (§3.2, §4.4).
+
+    GDN: fla's keys (``q_conv1d.weight``, ``g_proj.weight``, ...); Mamba-2: ``in_proj.weight``, ``conv1d.weight``,
+    ``D``. Any attribute name is accepted; the canonical names are ``gdn`` and ``mamba``.
+    """
     by_attr: dict[tuple[int, str], set[str]] = {}
     for k in keys:
         parts = k.split(".")
-        if len(parts) > 4 and parts[:2] == ["model", "layers"]:
+        if len(parts) > 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
             by_attr.setdefault((int(parts[2]), parts[3]), set()).add(".".join(parts[4:]))
-    return {i: a for (i, a), names in by_attr.items() if all(s in names for s in GDN_SIGNATURE)}
+    out: dict[int, tuple[str, str]] = {}
+    for (i, a), names in by_attr.items():
+        if all(s in names for s in GDN_SIGNATURE):
+            out[i] = (a, "gdn")
+        elif all(s in names for s in MAMBA2_SIGNATURE):
+            out[i] = (a, "mamba")
+    return out
+
+
+def _mixer_type_problems(model: torch.nn.Module, mixer_attr: dict[int, tuple[str, str]]) -> list[str]:
+    """One line per layer whose stored linear mixer type disagrees with the config's layer plan."""
+    types = getattr(getattr(model, "config", None), "mixer_types", None)
+    if types is None:
+        return []
+    problems = []
+    for i, (attr, kind) in sorted(mixer_attr.items()):
+        want = types[i] if i < len(types) else None
+        if want is not None and want != kind:
+            problems.append(f"layer {i}: hybrid_config.json makes it {_KIND_NAMES[want]} ({want!r}) but the state "
+                            f"dict holds a {_KIND_NAMES[kind]} mixer under model.layers.{i}.{attr} - the weights "
+                            f"are authoritative: set linear_type to {kind!r} (and check mla_layers)")
+    return problems
 
 
 def check_compatible(model: torch.nn.Module, stored: dict[str, tuple[tuple[int, ...], Path]], where: str) -> dict:
@@ -126,13 +154,17 @@ def check_compatible(model: torch.nn.Module, stored: dict[str, tuple[tuple[int, 
         CheckpointMismatchError: listing every missing, unexpected and mis-shaped key with both shapes.
     """
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    gdn_attr = _detect_gdn_attrs(list(stored))
+    mixer_attr = _detect_mixer_attrs(list(stored))
+    type_problems = _mixer_type_problems(model, mixer_attr)
+    if type_problems:
+        raise CheckpointMismatchError(f"{where}: linear mixer type disagrees with hybrid_config.json:\n  "
+                                      + "\n  ".join(type_problems))
     mapping, dropped = {}, []
     for k in stored:
         if k.endswith(INFERENCE_ONLY_SUFFIXES):
             dropped.append(k)
             continue
-        mapping[k] = _canonical_key(k, gdn_attr)
+        mapping[k] = _canonical_key(k, mixer_attr)
     if dropped:
         logger.warning("%s: dropping %d inference-only buffers (%s ...)", where, len(dropped), dropped[0])
     present = set(mapping.values())
@@ -191,7 +223,7 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
             with safe_open(f, framework="pt", device="cpu") as fh:
                 tensors = {dst: fh.get_tensor(real) for real, dst in pairs}
         for dst, t in tensors.items():
-            keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla keeps the GDN gate parameters in fp32
+            keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla/mamba_ssm keep the gate parameters in fp32
             target = torch.float32 if keep_fp32 and dtype is not None else dtype
             state[dst] = t.to(device=device, dtype=target or t.dtype)
     model.load_state_dict(state, strict=True, assign=True)

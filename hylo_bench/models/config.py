@@ -244,6 +244,38 @@ class HyLoConfig(PretrainedConfig):
         """GDN value head dim Vd = expand_v * K (fla ``GatedDeltaNet``)."""
         return int(self.gdn_head_dim * self.gdn_expand_v)
 
+    def mamba_dims(self) -> dict[str, int]:
+        """Mamba-2 mixer dims: ``hidden_size, d_inner, d_xb, ngroups, d_state, d_conv`` (checkpoint-format.md sec. 3.1).
+
+        Read from ``ssm_cfg`` / ``d_inner`` / ``d_xb`` when present, else the Zebra-Llama convention:
+        ngroups = n_h, d_state = d_h (base head dim), d_inner = ngroups * d_state, d_xb = n_kv * d_state
+        (n_kv of the base model), d_conv = 4. Released Qwen3-1.7B: 2048, 1024, 16, 128.
+
+        Raises:
+            ValueError: on ``repeat_kv_before_conv: true`` (not a released layout; not implemented), on
+                ``d_model`` != ``hidden_size``, or on dims that break d_inner = ngroups * d_state /
+                d_xb = n_kv * d_state with n_kv dividing ngroups.
+        """
+        cfg = self.ssm_cfg
+        if cfg.get("repeat_kv_before_conv"):
+            raise ValueError("hybrid config ssm_cfg.repeat_kv_before_conv = true is not supported (every released "
+                             "Zebra-Llama / HyLo layout uses false: x and B are repeated after the conv)")
+        if self.d_model != self.hidden_size:
+            raise ValueError(f"hybrid config key 'd_model' = {self.d_model} must equal hidden_size = "
+                             f"{self.hidden_size}")
+        ngroups = int(cfg.get("ngroups") or self.num_attention_heads)
+        d_state = int(cfg.get("d_state") or self.base_head_dim)
+        d_inner = int(self.d_inner or ngroups * d_state)
+        d_xb = int(self.d_xb or self.base_num_key_value_heads * d_state)
+        if d_inner != ngroups * d_state:
+            raise ValueError(f"hybrid config: d_inner = {d_inner} must equal ssm_cfg.ngroups * ssm_cfg.d_state = "
+                             f"{ngroups} * {d_state} (Mamba-2 heads of d_state dims, checkpoint-format.md sec. 4.5)")
+        if d_xb % d_state or ngroups % (d_xb // d_state):
+            raise ValueError(f"hybrid config: d_xb = {d_xb} must be n_kv * d_state (d_state {d_state}) with n_kv "
+                             f"dividing ssm_cfg.ngroups = {ngroups}")
+        return dict(hidden_size=self.hidden_size, d_inner=d_inner, d_xb=d_xb, ngroups=ngroups, d_state=d_state,
+                    d_conv=int(cfg.get("d_conv", 4)))
+
     def _validate(self) -> None:
         if self.linear_type not in ("gdn", "mamba"):
             raise ValueError(f"hybrid config key 'linear_type' = {self.linear_type!r}; expected 'gdn' or 'mamba'")
@@ -265,6 +297,8 @@ class HyLoConfig(PretrainedConfig):
                                  f"num_key_value_heads = {self.num_key_value_heads}")
             if self.qk_rope_head_dim % 2:
                 raise ValueError(f"qk_rope_head_dim = {self.qk_rope_head_dim} must be even (RoPE pairs)")
+        if self.linear_type == "mamba" and len(self.mla_layers) < self.n_layer:
+            self.mamba_dims()
 
     # ---- hybrid_config.json -------------------------------------------------------------------------
     def to_hybrid_dict(self) -> dict[str, Any]:
@@ -273,6 +307,11 @@ class HyLoConfig(PretrainedConfig):
         if self.linear_type == "mamba":
             for k in ("gdn_num_heads", "gdn_head_dim", "gdn_expand_v", "gdn_conv_size", "gdn_norm_eps"):
                 out.pop(k)
+            if len(self.mla_layers) < self.n_layer:  # write the resolved Zebra-Llama Mamba-2 fields (§3.1)
+                m = self.mamba_dims()
+                out.update(d_model=self.hidden_size, d_inner=m["d_inner"], d_xb=m["d_xb"])
+                out["ssm_cfg"] = {"expand": 1, **self.ssm_cfg, "ngroups": m["ngroups"], "d_state": m["d_state"],
+                                  "repeat_kv_before_conv": False}
         return out
 
     def to_base_dict(self) -> dict[str, Any]:

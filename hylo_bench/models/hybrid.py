@@ -1,11 +1,12 @@
-"""The HyLo hybrid: decoder layers with an MLA or a linear (Gated DeltaNet) mixer, SwiGLU MLP, RMSNorms.
+"""The HyLo hybrid: decoder layers with an MLA or a linear (Gated DeltaNet / Mamba-2) mixer, SwiGLU MLP, RMSNorms.
 
 Legend: B batch, T tokens, D hidden, V vocab.
 
 Layer (paper eq. 15; checkpoint-format.md §4.1): ``h = x + mixer(input_layernorm(x))``,
 ``out = h + mlp(post_attention_layernorm(h))``. State-dict names follow the released checkpoints:
 ``model.layers.{i}.mla.*`` for MLA layers, ``model.layers.{i}.gdn.*`` for GDN layers (our canonical name;
-the loader also finds a GDN mixer under another attribute by its signature keys), untied ``lm_head``.
+the loader also finds a GDN mixer under another attribute by its signature keys), ``model.layers.{i}.mamba.*``
+for Mamba-2 layers (Zebra-Llama), untied ``lm_head``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from hylo_bench.models.mla import MLA
 def build_mixer(config: HyLoConfig, layer_idx: int) -> tuple[str, nn.Module]:
     """(attribute name, module) of layer ``layer_idx``'s token mixer.
 
+    Attribute names: ``mla`` (MLA), ``gdn`` (Gated DeltaNet, our canonical name), ``mamba`` (Mamba-2,
+    Zebra-Llama's name; checkpoint-format.md sec. 4.1).
+
     Raises:
-        NotImplementedError: for Mamba-2 layers (not in this release of hylo-bench).
+        ValueError: for an unknown mixer type or inconsistent Mamba-2 dims (see ``HyLoConfig.mamba_dims``).
     """
     kind = config.mixer_types[layer_idx]
     if kind == "mla":
@@ -39,12 +43,15 @@ def build_mixer(config: HyLoConfig, layer_idx: int) -> tuple[str, nn.Module]:
                                     head_dim=config.gdn_head_dim, expand_v=config.gdn_expand_v,
                                     conv_size=config.gdn_conv_size, norm_eps=config.gdn_norm_eps,
                                     layer_idx=layer_idx)
-    raise NotImplementedError(f"layer {layer_idx}: linear_type {kind!r} (Mamba-2) is not implemented yet; "
-                              f"use linear_type 'gdn'")
+    if kind == "mamba":
+        from hylo_bench.models.mamba2 import Mamba2
+
+        return "mamba", Mamba2(**config.mamba_dims(), layer_idx=layer_idx)
+    raise ValueError(f"layer {layer_idx}: unknown mixer type {kind!r}; expected 'mla', 'gdn' or 'mamba'")
 
 
 class HyLoDecoderLayer(nn.Module):
-    """Pre-norm residual block with an MLA or GDN mixer and the base model's SwiGLU MLP."""
+    """Pre-norm residual block with an MLA, GDN or Mamba-2 mixer and the base model's SwiGLU MLP."""
 
     def __init__(self, config: HyLoConfig, layer_idx: int):
         super().__init__()
@@ -89,7 +96,7 @@ class HyLoPreTrainedModel(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, LlamaRMSNorm):
             nn.init.ones_(module.weight)
-        elif hasattr(module, "reset_special_parameters"):  # GDN: A_log, dt_bias, o_norm, convs (fla defaults)
+        elif hasattr(module, "reset_special_parameters"):  # Mamba-2: A_log, dt_bias, D, norm (mamba_ssm defaults)
             module.reset_special_parameters()
 
 

@@ -1,7 +1,8 @@
-"""Stage-0 initialisation of MLA and GDN mixers from a base attention layer's q/k/v/o weights.
+"""Stage-0 initialisation of MLA, GDN and Mamba-2 mixers from a base attention layer's q/k/v/o weights.
 
 Pure tensor functions: weights in, state-dict fragments (keys relative to the mixer) out. No modules, no I/O.
-All weights are in PyTorch [out, in] orientation. Spec: checkpoint-format.md sec. 7.1 (MLA) and sec. 7.4 (GDN).
+All weights are in PyTorch [out, in] orientation. Spec: checkpoint-format.md sec. 7.1 (MLA), 7.3 (Mamba-2) and
+7.4 (GDN).
 
 Legend (checkpoint-format.md notation, so H is the hidden size here): n_h query heads, n_kv base KV heads,
 n_kvm MLA KV heads, d_h base head dim, r_q / r_kv latent ranks, d_N / d_R / d_V MLA nope / rope / value head
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["gdn_init_from_attention", "repeat_kv_rows", "svd_init_mla"]
+__all__ = ["gdn_init_from_attention", "mamba2_init_from_attention", "repeat_kv_rows", "svd_init_mla"]
 
 _GDN_COPIED_KEYS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
 
@@ -257,4 +258,68 @@ def gdn_init_from_attention(
             out[key][:rows] = src[:rows].to(out[key])
         cols = min(out["o_proj.weight"].shape[1], o_w.shape[1])
         out["o_proj.weight"][:, :cols] = o_w[:, :cols].to(out["o_proj.weight"])
+    return out
+
+
+def mamba2_init_from_attention(
+    q_w: Tensor,
+    k_w: Tensor,
+    v_w: Tensor,
+    o_w: Tensor,
+    mamba_params: dict[str, Tensor],
+    *,
+    d_inner: int,
+    d_xb: int,
+) -> dict[str, Tensor]:
+    """Copy an attention layer into freshly initialised Mamba-2 weights (MambaInLlama mapping).
+
+    ``in_proj`` rows (layout [z: d_inner | x: d_xb | B: d_xb | C: d_inner | dt: n_h]):
+    x <- ``v_proj``, B <- ``k_proj``, C <- ``q_proj``; ``out_proj`` <- ``o_proj``. No GQA expansion: x and B keep
+    the KV width (d_xb = n_kv * d_h) and are repeated to heads inside the mixer. The z and dt rows, conv1d
+    (weight, bias), dt_bias, A_log, D and the gated-norm weight keep their values bit for bit (their fresh
+    mamba_ssm-default init). No RoPE is carried over and Qwen3 q/k norms are not used.
+
+    Args:
+        q_w: [d_inner, H] base ``q_proj.weight`` (n_h * d_h rows).
+        k_w: [d_xb, H] base ``k_proj.weight``.
+        v_w: [d_xb, H] base ``v_proj.weight``.
+        o_w: [H, d_inner] base ``o_proj.weight``.
+        mamba_params: freshly initialised Mamba-2 mixer state dict (keys relative to the mixer, sec. 4.5); must
+            hold ``in_proj.weight`` [2 d_inner + 2 d_xb + n_h, H] and ``out_proj.weight`` [H, d_inner]. Not
+            modified.
+        d_inner: Mamba-2 inner width (= n_h * d_h).
+        d_xb: x/B width (= n_kv * d_h).
+
+    Returns:
+        A new dict with the same keys; every tensor a clone with the mixer's dtype and device, the mapped
+        rows/matrix cast to that dtype.
+
+    Raises:
+        ValueError: on a missing key or shapes that disagree (base weights vs d_inner / d_xb / hidden size,
+            in_proj row count).
+
+    Reference:
+        checkpoint-format.md sec. 7.3; MambaInLlama (arXiv 2408.15237); Zebra-Llama ``init_with_kqvo``.
+    """
+    missing = [key for key in ("in_proj.weight", "out_proj.weight") if key not in mamba_params]
+    if missing:
+        raise ValueError(f"mamba_params: missing {missing}; pass the Mamba-2 mixer state dict (Zebra-Llama names)")
+    hidden = q_w.shape[-1]
+    _check_weight("q_w", q_w, (d_inner, hidden))
+    _check_weight("k_w", k_w, (d_xb, hidden))
+    _check_weight("v_w", v_w, (d_xb, hidden))
+    _check_weight("o_w", o_w, (hidden, d_inner))
+    in_proj = mamba_params["in_proj.weight"]
+    if in_proj.ndim != 2 or in_proj.shape[1] != hidden or in_proj.shape[0] <= 2 * d_inner + 2 * d_xb:
+        raise ValueError(f"mamba_params['in_proj.weight']: expected [2*d_inner + 2*d_xb + n_h, H] = "
+                         f"[{2 * d_inner + 2 * d_xb} + n_h, {hidden}], got {list(in_proj.shape)}")
+    _check_weight("mamba_params['out_proj.weight']", mamba_params["out_proj.weight"], (hidden, d_inner))
+    out = {key: t.detach().clone() for key, t in mamba_params.items()}
+    w = out["in_proj.weight"]
+    x0, b0, c0 = d_inner, d_inner + d_xb, d_inner + 2 * d_xb
+    with torch.no_grad():
+        w[x0:b0] = v_w.to(w)
+        w[b0:c0] = k_w.to(w)
+        w[c0:c0 + d_inner] = q_w.to(w)
+        out["out_proj.weight"].copy_(o_w.to(out["out_proj.weight"]))
     return out

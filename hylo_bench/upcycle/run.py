@@ -80,11 +80,7 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
                              f"{n_layer}-layer base model")
         return sorted(cfg.mla_layers), "gdn"
     if cfg.layout is not None:
-        mla, linear_type = parse_layout(cfg.layout, n_layer)
-        if linear_type == "mamba":
-            raise ValueError(f"--layout {cfg.layout}: Mamba-2 (M2) layers are not implemented yet; use a GDN layout "
-                             f"such as {len(mla)}MLA{n_layer - len(mla)}GDN")
-        return mla, linear_type
+        return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
 
 

@@ -1,7 +1,8 @@
 """Stage 0 of upcycling: the hybrid config for a base model, and the student initialised from its weights.
 
 MLA layers get the SVD init of the base q/k/v/o (checkpoint-format.md §7.1), GDN layers the GQA-expand +
-truncate init (§7.4); MLP, norms and embeddings are copied verbatim; ``lm_head`` is an independent copy of the
+truncate init (§7.4), Mamba-2 layers the MambaInLlama mapping V->x, K->B, Q->C, O->out_proj (§7.3); MLP,
+norms and embeddings are copied verbatim; ``lm_head`` is an independent copy of the
 base head (for tied bases: of the embedding, §4.3 (a)).
 """
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from hylo_bench.models.config import HyLoConfig
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.upcycle.init import gdn_init_from_attention, svd_init_mla
+from hylo_bench.upcycle.init import gdn_init_from_attention, mamba2_init_from_attention, svd_init_mla
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gd
     if rope_theta is None:
         rope_theta = (getattr(base_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
     base_dict = base_config.to_dict()
+    if linear_type == "mamba":  # Zebra-Llama's convention (checkpoint-format.md §3.1): heads and state from attention
+        dims.setdefault("ssm_cfg", {"expand": 1, "ngroups": b["num_heads"], "d_state": b["head_dim"],
+                                    "repeat_kv_before_conv": False})
+        dims.setdefault("d_inner", b["num_heads"] * b["head_dim"])
+        dims.setdefault("d_xb", b["num_kv_heads"] * b["head_dim"])
     return HyLoConfig(
         vocab_size=base_config.vocab_size, hidden_size=b["hidden_size"],
         intermediate_size=base_config.intermediate_size, hidden_act=getattr(base_config, "hidden_act", "silu"),
@@ -128,6 +134,10 @@ def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
             if config.use_qk_norm and "q_norm.weight" in new:
                 new["q_norm.weight"] = _check_norm_width(new["q_norm.weight"], config.qk_head_dim)
                 new["k_norm.weight"] = _check_norm_width(new["k_norm.weight"], config.qk_head_dim)
+        elif sl.mixer_type == "mamba":
+            dims = config.mamba_dims()
+            new = mamba2_init_from_attention(q_w, k_w, v_w, o_w, sl.mixer.state_dict(), d_inner=dims["d_inner"],
+                                             d_xb=dims["d_xb"])
         else:
             new = gdn_init_from_attention(q_w, k_w, v_w, o_w, sl.mixer.state_dict(), num_heads=d["num_heads"],
                                           num_kv_heads=d["num_kv_heads"], head_dim=d["head_dim"])

@@ -1,0 +1,58 @@
+"""Optional GPU forward of the SSD scan through fla 0.6.0 ``chunk_simple_gla`` (imported lazily).
+
+SSD is simple-GLA after a change of variables (kernels.md sec. 9.3): q = C, k = B (expanded to heads),
+v = dt * x, g = dt * A (log decay), scale 1; D * x is added afterwards. fla's state is [B, H, K=N, V=P]
+(K-first), the transpose of ours. Forward only: its backward is blocked on Hopper + Triton < 3.7.1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from hylo_bench.kernels.ssd._common import check_inputs, prepare_dt, repeat_groups
+
+
+def fla_available() -> bool:
+    """True when the ``fla`` package can be found (it is not imported here)."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def fla_ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSD scan on CUDA via fla's ``chunk_simple_gla``; same contract as ``ssd_scan_chunked`` (state float32).
+
+    Raises:
+        ValueError: on non-CUDA tensors or inconsistent shapes.
+        ImportError: when fla is not installed (``pip install flash-linear-attention==0.6.0``).
+    """
+    Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, initial_state)
+    if x.device.type != "cuda":
+        raise ValueError(f"the fla SSD back end needs CUDA/ROCm tensors; got {x.device}. Use backend='torch'.")
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as e:
+        raise ImportError("backend='fla' needs flash-linear-attention 0.6.0 (pip install "
+                          "flash-linear-attention==0.6.0 fla-core[cuda]==0.6.0)") from e
+    dt_f = prepare_dt(dt, dt_bias, dt_softplus, torch.float32)
+    q = repeat_groups(C, H // G).to(x.dtype)
+    k = repeat_groups(B, H // G).to(x.dtype)
+    v = (x.float() * dt_f[..., None]).to(x.dtype)
+    g = dt_f * A.float()
+    h0 = None if initial_state is None else initial_state.float().transpose(-1, -2).contiguous()
+    o, hT = chunk_simple_gla(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True)
+    y = o.float()
+    if D is not None:
+        y = y + D.float()[:, None] * x.float()
+    return y.to(x.dtype), hT.float().transpose(-1, -2)
