@@ -215,7 +215,7 @@ def vllm_capacity(layout: dict[str, Any], available_bytes: int, max_model_len: i
     concurrency = num_blocks / per_request
     fit = (num_blocks - lg) // mg * bs if mg else None
     return dict(available_bytes=int(available_bytes), num_blocks=int(num_blocks), max_model_len=max_model_len,
-                blocks_per_request=per_request, max_concurrency=round(concurrency, 2),
+                blocks_per_request=per_request, max_concurrency=concurrency,
                 kv_cache_size_tokens=int(concurrency * max_model_len),
                 max_model_len_tokens=max(0, fit) if fit is not None else None)
 
