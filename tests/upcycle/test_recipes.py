@@ -297,3 +297,45 @@ def test_recipe_resolves_upcycle_config_and_flags_override(tmp_path):
         R.resolve_upcycle_cli(name, {"mla.kv_rank": 1}, str(tmp_path), none)
     with pytest.raises(R.RecipeError, match="needs --recipe"):
         R.resolve_upcycle_cli(None, {"mla.kv_lora_rank": 1}, str(tmp_path), none)
+
+
+def test_recipe_file_round_trip_through_upcycle_and_info(tiny_base_dir, tmp_path):
+    """A user recipe for the tiny base: upcycle --recipe writes the hybrid the recipe describes (same
+    hybrid_config.json as the offline build), and info reads the result."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    base = json.loads((tiny_base_dir / "config.json").read_text())
+    raw = yaml.safe_load(R.find_recipe("HyLo-Llama-4MLA12GDN-8K-SFT").read_text())
+    raw.update(name="tiny-2MLA2GDN", released=False, hub_id=None, backbone=str(tiny_base_dir),
+               teacher=str(tiny_base_dir), layout="2MLA2GDN", trained_context_tokens=256, mla_layers=[1, 3],
+               rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128})
+    raw["base_architecture"] = {k: base[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                      "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                                      "head_dim", "hidden_act", "rms_norm_eps",
+                                                      "tie_word_embeddings", "max_position_embeddings")
+                                } | {"model_type": "llama", "rope_theta": 10000.0}
+    raw["mla"].update(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                      num_key_value_heads=2)
+    raw["gdn"] = {"num_heads": 2, "head_dim": 16, "expand_v": 2, "conv_size": 4}
+    raw["stages"] = [{"kind": "ild", "seq_len_tokens": 128, "lr": 2e-4, "token_budget": 1024},
+                     {"kind": "kd", "seq_len_tokens": 256, "lr": 1e-3, "token_budget": 2048,
+                      "global_batch_sequences": 4, "per_device_batch_sequences": 2}]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["upcycle", "--recipe", str(path), "--out", str(out), "--device", "cpu",
+                                   "--eval-windows", "0", "--no-stage-checkpoints"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((out / "hybrid_config.json").read_text())
+    offline = R.recipe_hybrid_config(R.load_recipe(str(path))).to_hybrid_dict()
+    assert saved == offline and saved["rope_scaling"]["factor"] == 2.0 and saved["mla_layers"] == [1, 3]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recipe"] == "tiny-2MLA2GDN" and manifest["config"]["grad_accum"] == 2
+    res = CliRunner().invoke(app, ["info", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["trained_context_tokens"] == 256 and d["kv_cache_bytes_per_token"] == 2 * (16 + 8) * 2
