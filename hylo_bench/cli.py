@@ -47,7 +47,13 @@ def _set_pairs(items: Optional[list[str]]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise typer.BadParameter(f"--set {item!r}: expected KEY=VALUE, e.g. mla.kv_lora_rank=64")
-        out[key.strip()] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 1e-4 as a string
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        out[key.strip()] = parsed
     return out
 
 

@@ -119,12 +119,16 @@ def test_upcycle_recipe_flag_overrides_recipe(monkeypatch, tmp_path):
 
     monkeypatch.setattr(run_mod, "run", fake_run)
     res = runner.invoke(app, ["upcycle", "--recipe", "HyLo-Llama-6MLA22GDN-64K-SFT", "--out", str(tmp_path / "o"),
-                              "--kd-lr", "1e-4", "--set", "mla.kv_lora_rank=64", "--kv-lora-rank", "96"])
+                              "--kd-lr", "1e-4", "--set", "mla.kv_lora_rank=64", "--kv-lora-rank", "96",
+                              "--set", "stages.0.lr=1e-4"])
     assert res.exit_code == 0, res.output
     cfg = seen["cfg"]
-    assert cfg.kd_lr == 1e-4 and cfg.ild_lr == 2e-4  # flag over recipe; recipe over default
+    assert cfg.kd_lr == 1e-4 and cfg.ild_lr == 1e-4  # flag / --set over recipe
     assert cfg.base == "meta-llama/Llama-3.2-3B-Instruct" and cfg.stages == "2k:ild,64k:kd"
     assert (cfg.batch_size, cfg.grad_accum) == (1, 8)  # 64K: 8 sequences, 1 per device (training-recipe §3.3)
     assert cfg.mixer_overrides["kv_lora_rank"] == 96 and cfg.mixer_overrides["rope_scaling"]["factor"] == 32.0
     res = runner.invoke(app, ["upcycle", "--recipe", "HyLo-Nope", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "unknown recipe 'HyLo-Nope'" in res.output
+    res = runner.invoke(app, ["upcycle", "--recipe", "HyLo-Llama-6MLA22GDN-64K-SFT", "--out", str(tmp_path / "o"),
+                              "--set", "mla.kv_lora_rank=big"])
+    assert res.exit_code == 2 and "'mla.kv_lora_rank' should be int" in " ".join(res.output.split())

@@ -429,4 +429,11 @@ def resolve_upcycle_cli(recipe_name: str | None, sets: dict[str, Any], out: str,
     flags = dict(flags)
     if flags.get("tokens_per_stage") is not None:
         flags["tokens_per_stage"] = parse_token_count(flags["tokens_per_stage"])
-    return upcycle_config_from_recipe(recipe, out, flags)
+    cfg = upcycle_config_from_recipe(recipe, out, flags)
+    if cfg.layout is None and cfg.mla_layers is not None:  # fail before any download, not after
+        from hylo_bench.upcycle.run import _check_linear_type
+
+        n = len(cfg.mla_layers)
+        _check_linear_type(cfg.linear_type, f"{n}MLA{(recipe.num_layers if recipe else n) - n}"
+                                            f"{'GDN' if cfg.linear_type == 'gdn' else 'M2'}")
+    return cfg

@@ -339,3 +339,9 @@ def test_recipe_file_round_trip_through_upcycle_and_info(tiny_base_dir, tmp_path
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["trained_context_tokens"] == 256 and d["kv_cache_bytes_per_token"] == 2 * (16 + 8) * 2
+
+
+@pytest.mark.skipif(_mamba2_available(), reason="checks the pre-merge refusal of Mamba-2 recipes")
+def test_mamba2_recipe_is_refused_before_any_download_until_the_mixer_exists(tmp_path):
+    with pytest.raises(ValueError, match="Mamba-2 .M2. layers are not implemented in this build"):
+        R.resolve_upcycle_cli("HyLo-Qwen-14MLA14M2-8K-SFT", {}, str(tmp_path), {})
