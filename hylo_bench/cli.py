@@ -74,7 +74,8 @@ def upcycle(
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
-    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step (default 1)."),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step "
+                                             "(default 1)."),
     ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4."),
     kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 1e-3 for the demo."),
     kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank"),

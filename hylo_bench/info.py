@@ -283,7 +283,8 @@ def render_kv(d: dict[str, Any]) -> list:
     cap = d["vllm"].get("capacity")
     if cap:
         rows.append(("vLLM capacity", f"{cap['num_blocks']:,} blocks; {cap['blocks_per_request']} per "
-                                      f"{cap['max_model_len']:,}-token request; concurrency {cap['max_concurrency']:.2f}x; "
+                                      f"{cap['max_model_len']:,}-token request; "
+                                      f"concurrency {cap['max_concurrency']:.2f}x; "
                                       f"KV cache size {cap['kv_cache_size_tokens']:,} tokens; max model len "
                                       f"{cap['max_model_len_tokens']:,}"))
     for k, v in rows:

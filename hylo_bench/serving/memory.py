@@ -259,8 +259,8 @@ def estimate(cfg, *, weight_params: int, fp32_params: int = 0, gpu_mem_bytes: in
         backbone={"params": base_params, "weight_bytes": base_weights, "kv_cache_bytes_per_token": base_kv},
         vllm={"page": layout})
     if max_model_len:
-        out["vllm"]["blocks_per_request"] = (layout["mla_groups"] * math.ceil(max_model_len / layout["block_size_tokens"])
-                                             + layout["linear_groups"])
+        blocks = layout["mla_groups"] * math.ceil(max_model_len / layout["block_size_tokens"])
+        out["vllm"]["blocks_per_request"] = blocks + layout["linear_groups"]
         out["vllm"]["max_model_len"] = max_model_len
     if gpu_mem_bytes is not None:
         budget = int(gpu_mem_bytes * gpu_util) - reserve_bytes

@@ -179,7 +179,8 @@ def run(cfg: UpcycleConfig) -> dict:
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
     if manifest is None:
         manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
-                    "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir), "device": device,
+                    "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir),
+                    "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     held_len = min(stages[0].seq_len_tokens, 1024)
