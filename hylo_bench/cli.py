@@ -39,48 +39,120 @@ def _int_list(text: Optional[str]) -> Optional[list[int]]:
         raise typer.BadParameter(f"{text!r}: expected comma-separated layer indices, e.g. 1,5,9") from None
 
 
+def _set_pairs(items: Optional[list[str]]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--set {item!r}: expected KEY=VALUE, e.g. mla.kv_lora_rank=64")
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 1e-4 as a string
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        out[key.strip()] = parsed
+    return out
+
+
 @app.command()
 def upcycle(
     out: Path = typer.Option(..., "--out", help="Output directory (resumes if it holds an earlier run)."),
-    base: str = typer.Option("demo", "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo'."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Released recipe, e.g. HyLo-Qwen-7MLA21GDN-8K-SFT; "
+                                         "explicit flags override its values."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe key, e.g. "
+                                             "mla.kv_lora_rank=64 or stages.1.lr=1e-4 (repeatable)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo' "
+                                       "(default: the recipe's backbone, else 'demo')."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="Distillation teacher (default: the base)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement)."),
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
-    data: str = typer.Option("demo", "--data", help="'demo', or a .txt/.jsonl file or directory."),
+    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), or a .txt/.jsonl file or directory."),
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
-    tokens_per_stage: str = typer.Option("1M", "--tokens-per-stage", help="Budget for stages without @TOKENS."),
-    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per micro-batch."),
-    grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
-    ild_lr: float = typer.Option(2e-4, "--ild-lr"),
+    tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
+                                                   help="Budget for stages without @TOKENS (default 1M)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step "
+                                             "(default 1)."),
+    ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4."),
     kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 1e-3 for the demo."),
     kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank"),
     q_lora_rank: Optional[int] = typer.Option(None, "--q-lora-rank"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
-    seed: int = typer.Option(42, "--seed"),
-    stage_checkpoints: bool = typer.Option(True, "--stage-checkpoints/--no-stage-checkpoints",
-                                           help="Save the student after every stage (OUT/stages/)."),
-    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute each layer."),
-    eval_windows: int = typer.Option(8, "--eval-windows", help="Held-out windows for the KL before/after."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Default 42."),
+    stage_checkpoints: Optional[bool] = typer.Option(None, "--stage-checkpoints/--no-stage-checkpoints",
+                                                     help="Save the student after every stage (OUT/stages/)."),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute each layer."),
+    eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
-    from hylo_bench.upcycle.run import DEMO_STAGES, UpcycleConfig, run
-    from hylo_bench.upcycle.stages import parse_token_count
+    from hylo_bench.upcycle.recipes import resolve_upcycle_cli
+    from hylo_bench.upcycle.run import run
 
     try:
-        demo = base == "demo"
-        cfg = UpcycleConfig(out=str(out), base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers),
-                            data=data, stages=stages if stages is not None else (DEMO_STAGES if demo else "2k:ild,8k"),
-                            tokens_per_stage=parse_token_count(tokens_per_stage), batch_size=batch_size,
-                            grad_accum=grad_accum, ild_lr=ild_lr, kd_lr=kd_lr or (1e-3 if demo else 6e-5),
-                            device=device, seed=seed, save_stage_checkpoints=stage_checkpoints,
-                            gradient_checkpointing=gradient_checkpointing, eval_windows=eval_windows,
-                            mixer_overrides={"kv_lora_rank": kv_lora_rank, "q_lora_rank": q_lora_rank})
+        cfg = resolve_upcycle_cli(recipe, _set_pairs(set_), str(out), dict(
+            base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers), data=data, stages=stages,
+            tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
+            kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
+            save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
+            eval_windows=eval_windows))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
     kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
     note = f" (held-out KL {kl0:.3f} -> {kl1:.3f} nats/token)" if kl0 is not None and kl1 is not None else ""
     console.print(f"[green]student saved to {out}[/]{note}")
+
+
+@app.command()
+def info(
+    target: str = typer.Argument(..., help="Recipe name (e.g. HyLo-Qwen-7MLA21GDN-8K-SFT) or checkpoint directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Layout, parameters, KV cache and state sizes, RoPE/YaRN of a recipe or checkpoint (configs only)."""
+    from hylo_bench.info import describe, render_info
+
+    try:
+        result = describe(target)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for r in render_info(result):
+        Console().print(r)
+
+
+@app.command()
+def kv(
+    target: str = typer.Argument(..., help="Recipe name or checkpoint directory."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="GPU memory, e.g. 141GiB: predicts the largest "
+                                          "context per GPU for the hybrid and its backbone."),
+    gpu_util: float = typer.Option(0.92, "--gpu-util", help="Usable fraction of --gpu-mem (vLLM default 0.92)."),
+    reserve: str = typer.Option("0", "--reserve", help="Memory held back for activations/workspace, e.g. 4GiB."),
+    max_model_len: Optional[str] = typer.Option(None, "--max-model-len", help="Request length for the vLLM numbers "
+                                                "(default: the trained context), e.g. 64k."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Memory model: KV bytes/token, state bytes/sequence, weights, largest context per GPU, vLLM pages."""
+    from hylo_bench.info import kv_report, render_kv
+    from hylo_bench.serving.memory import parse_bytes
+    from hylo_bench.upcycle.stages import parse_length
+
+    try:
+        result = kv_report(target, gpu_mem_bytes=parse_bytes(gpu_mem) if gpu_mem else None, gpu_util=gpu_util,
+                           reserve_bytes=parse_bytes(reserve),
+                           max_model_len=parse_length(max_model_len) if max_model_len else None)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for r in render_kv(result):
+        Console().print(r)
 
 
 @app.command()

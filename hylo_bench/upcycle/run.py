@@ -40,6 +40,8 @@ class UpcycleConfig:
     teacher: str | None = None
     layout: str | None = None
     mla_layers: list[int] | None = None
+    linear_type: str = "gdn"  # of the layers not in mla_layers (a --layout name carries its own)
+    recipe: str | None = None  # the --recipe this config was resolved from (recorded in the manifest)
     data: str = "demo"
     stages: str = DEMO_STAGES
     tokens_per_stage: int = 1_000_000
@@ -78,10 +80,26 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
         if bad or len(set(cfg.mla_layers)) != len(cfg.mla_layers):
             raise ValueError(f"--mla-layers {cfg.mla_layers}: expected distinct indices in [0, {n_layer}) for this "
                              f"{n_layer}-layer base model")
-        return sorted(cfg.mla_layers), "gdn"
+        _check_linear_type(cfg.linear_type, f"{len(cfg.mla_layers)}MLA{n_layer - len(cfg.mla_layers)}M2")
+        return sorted(cfg.mla_layers), cfg.linear_type
     if cfg.layout is not None:
         return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
+
+
+def mamba2_available() -> bool:
+    """Whether this build has the Mamba-2 mixer (``hylo_bench.models.mamba2``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("hylo_bench.models.mamba2") is not None
+
+
+def _check_linear_type(linear_type: str, layout: str) -> None:
+    if linear_type not in ("gdn", "mamba"):
+        raise ValueError(f"linear_type {linear_type!r}: expected 'gdn' or 'mamba'")
+    if linear_type == "mamba" and not mamba2_available():
+        raise ValueError(f"layout {layout}: Mamba-2 (M2) layers are not implemented in this build yet; use a GDN "
+                         f"layout or recipe")
 
 
 def _load_hf(spec: str, device: str, dtype: torch.dtype):
@@ -157,7 +175,8 @@ def run(cfg: UpcycleConfig) -> dict:
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
     if manifest is None:
         manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
-                    "settings": settings, "config": cfg.to_dict(), "base_dir": str(base_dir), "device": device,
+                    "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir),
+                    "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     held_len = min(stages[0].seq_len_tokens, 1024)

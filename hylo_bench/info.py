@@ -1,0 +1,292 @@
+"""``hylo-bench info`` / ``kv`` targets: resolve a recipe name or checkpoint directory to its ``HyLoConfig``
+(configs only, no weights), count parameters on the meta device, and describe the layout and its memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hylo_bench.serving import memory as M
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class Target:
+    """What ``info`` / ``kv`` describe: a recipe (``kind="recipe"``) or a checkpoint directory."""
+
+    name: str
+    kind: str
+    config: Any  # HyLoConfig
+    path: str
+    trained_context_tokens: int | None
+    stored_dtype: str | None
+    recipe: Any = None  # Recipe when kind == "recipe"
+
+
+def resolve_target(spec: str) -> Target:
+    """A checkpoint directory (``config.json`` + ``hybrid_config.json``), a recipe name / ``amd/<name>`` /
+    recipe YAML path. Reads config files only.
+
+    Raises:
+        FileNotFoundError: a directory without ``hybrid_config.json``.
+        ValueError: neither a directory nor a known recipe (close recipe names listed); bad config values.
+    """
+    from hylo_bench.models.config import HYBRID_CONFIG_NAME, HyLoConfig
+    from hylo_bench.upcycle import recipes as R
+
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / HYBRID_CONFIG_NAME).is_file():
+            raise FileNotFoundError(f"{p}: no {HYBRID_CONFIG_NAME}; `info`/`kv` describe HyLo hybrids (a recipe "
+                                    f"name or a hybrid checkpoint directory)")
+        cfg = HyLoConfig.from_directory(p)
+        base = cfg.base_config or {}
+        return Target(name=p.name, kind="checkpoint", config=cfg, path=str(p),
+                      trained_context_tokens=_checkpoint_context(p),
+                      stored_dtype=base.get("dtype") or base.get("torch_dtype"))
+    if R.find_recipe(spec) is None:
+        raise R.RecipeError(f"{spec!r} is not a checkpoint directory, and {R.unknown_recipe_message(spec)}")
+    recipe = R.load_recipe(spec)
+    return Target(name=recipe.name, kind="recipe", config=R.recipe_hybrid_config(recipe), path=recipe.source,
+                  trained_context_tokens=recipe.trained_context_tokens, stored_dtype="float32", recipe=recipe)
+
+
+def _checkpoint_context(d: Path) -> int | None:
+    """Trained context of a checkpoint: the longest stage of our ``manifest.json``, else the ``-8K-``/``-64K-``
+    tag of a released name in the path; None when neither says."""
+    man = d / "manifest.json"
+    if man.is_file():
+        try:
+            stages = json.loads(man.read_text()).get("stages", [])
+            lens = [s["seq_len_tokens"] for s in stages if isinstance(s, dict) and "seq_len_tokens" in s]
+            if lens:
+                return max(lens)
+        except (json.JSONDecodeError, TypeError, KeyError):
+            logger.warning("%s: unreadable manifest.json; trained context unknown", man)
+    m = re.search(r"HyLo-[A-Za-z]+-\d+MLA\d+(?:GDN|M2)-(\d+)K-SFT", str(d.resolve()))
+    return int(m.group(1)) * 1024 if m else None
+
+
+def parameter_counts(cfg) -> dict[str, Any]:
+    """Parameter counts of the hybrid: total, per component, per mixer type, per layer, per mixer tensor.
+
+    Built on the meta device (no memory, no init compute). When this build has no class for the linear
+    mixer (Mamba-2 before its module lands) the counts come from the shape tables of checkpoint-format.md
+    (``source`` says which).
+    """
+    import torch
+
+    from hylo_bench.models.hybrid import HyLoForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = HyLoForCausalLM(cfg)
+    except NotImplementedError as e:
+        logger.warning("no mixer class for linear_type %r in this build (%s); counting parameters from the "
+                       "checkpoint-format.md shape tables", cfg.linear_type, e)
+        return _analytic_counts(cfg)
+    named = {k: v.numel() for k, v in model.named_parameters()}
+    fp32 = sum(n for k, n in named.items() if k.endswith(("A_log", "dt_bias")) and cfg.linear_type == "gdn")
+    return _aggregate(cfg, named, "meta-device model") | {"fp32_params": fp32}
+
+
+def _analytic_counts(cfg) -> dict[str, Any]:
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    named = {"model.embed_tokens.weight": cfg.vocab_size * H, "model.norm.weight": H,
+             "lm_head.weight": cfg.vocab_size * H}
+    for i, kind in enumerate(cfg.mixer_types):
+        pre = f"model.layers.{i}."
+        named.update({pre + k: n for k, n in M.analytic_mixer_params(cfg, kind).items()})
+        named.update({pre + "mlp.gate_proj.weight": I * H, pre + "mlp.up_proj.weight": I * H,
+                      pre + "mlp.down_proj.weight": H * I, pre + "input_layernorm.weight": H,
+                      pre + "post_attention_layernorm.weight": H})
+    return _aggregate(cfg, named, "analytic (checkpoint-format.md §4; mixer class not in this build)") | \
+        {"fp32_params": 0}
+
+
+def _aggregate(cfg, named: dict[str, int], source: str) -> dict[str, Any]:
+    comp = {"embed_tokens": 0, "lm_head": 0, "final_norm": 0, "mlp": 0, "layer_norms": 0}
+    mixers: dict[str, int] = {}
+    per_layer = [{"mixer_params": 0, "params": 0} for _ in range(cfg.n_layer)]
+    per_tensor: dict[str, dict[str, int]] = {}
+    for key, n in named.items():
+        parts = key.split(".")
+        if key.startswith("model.embed_tokens."):
+            comp["embed_tokens"] += n
+        elif key.startswith("lm_head."):
+            comp["lm_head"] += n
+        elif key.startswith("model.norm."):
+            comp["final_norm"] += n
+        elif parts[:2] == ["model", "layers"]:
+            i, attr = int(parts[2]), parts[3]
+            per_layer[i]["params"] += n
+            if attr == "mlp":
+                comp["mlp"] += n
+            elif attr.endswith("layernorm"):
+                comp["layer_norms"] += n
+            else:
+                kind = cfg.mixer_types[i]
+                mixers[kind] = mixers.get(kind, 0) + n
+                per_layer[i]["mixer_params"] += n
+                if i == cfg.mixer_types.index(kind):  # one layer of each type is enough
+                    per_tensor.setdefault(kind, {})[".".join(parts[3:])] = n
+        else:
+            comp.setdefault("other", 0)
+            comp["other"] += n
+    return {"total": sum(named.values()), "by_component": comp | {f"mixer_{k}": v for k, v in mixers.items()},
+            "by_mixer_type": mixers, "per_layer": per_layer, "per_mixer_tensor": per_tensor, "source": source}
+
+
+def rope_info(cfg) -> dict[str, Any]:
+    """MLA RoPE settings: base, scaling dict, YaRN mscale (0.1 ln F + 1; checkpoint-format.md §5.3) and the
+    context YaRN targets (F x L0 tokens)."""
+    rs = cfg.mla_rope_scaling or None
+    factor = float(rs.get("factor", 1.0)) if rs else 1.0
+    out = {"rope_theta": cfg.mla_rope_theta, "rope_scaling": rs, "yarn_active": factor > 1.0,
+           "yarn_mscale": round(0.1 * math.log(factor) + 1.0, 4) if factor > 1.0 else 1.0}
+    if rs and factor > 1.0:
+        out["yarn_target_context_tokens"] = int(factor * rs.get("original_max_position_embeddings", 4096))
+    return out
+
+
+def describe(spec: str) -> dict[str, Any]:
+    """The ``hylo-bench info --json`` object for a recipe name or checkpoint directory.
+
+    Keys: ``name``, ``kind``, ``layout``, ``layers`` (per layer: index, mixer, params, mixer_params,
+    kv_cache_bytes_per_token, state_bytes_per_sequence), ``params`` (int), ``params_detail``,
+    ``kv_cache_bytes_per_token`` (bf16, int), ``backbone_kv_cache_bytes_per_token``, ``kv_cache_pct_of_base``
+    (float, %), ``state_bytes_per_sequence`` (+ ``state_dtype``), ``trained_context_tokens``, ``rope``, ``dtype``.
+
+    Raises:
+        See :func:`resolve_target`.
+    """
+    t = resolve_target(spec)
+    cfg = t.config
+    counts = parameter_counts(cfg)
+    per_lin = M.linear_layer_state_bytes(cfg)
+    layers = []
+    for i, kind in enumerate(cfg.mixer_types):
+        lay = {"index": i, "mixer": kind, **counts["per_layer"][i],
+               "kv_cache_bytes_per_token": M.mla_latent_width(cfg) * M.BF16_BYTES if kind == "mla" else 0,
+               "state_bytes_per_sequence": 0 if kind == "mla" else per_lin["recurrent"] + per_lin["conv"]}
+        layers.append(lay)
+    n_mla = len(cfg.mla_layers)
+    suffix = "GDN" if cfg.linear_type == "gdn" else "M2"
+    out = {
+        "name": t.name, "kind": t.kind, "path": t.path,
+        "released": getattr(t.recipe, "released", None), "hub_id": getattr(t.recipe, "hub_id", None),
+        "backbone": getattr(t.recipe, "backbone", None) or (cfg.base_config or {}).get("_name_or_path"),
+        "teacher": getattr(t.recipe, "teacher", None),
+        "layout": f"{n_mla}MLA{cfg.n_layer - n_mla}{suffix}", "mla_layers": list(cfg.mla_layers),
+        "linear_type": cfg.linear_type, "num_layers": cfg.n_layer, "layers": layers,
+        "params": int(counts["total"]), "params_detail": {k: v for k, v in counts.items() if k != "per_layer"},
+        "kv_cache_bytes_per_token": M.kv_cache_bytes_per_token(cfg),
+        "backbone_kv_cache_bytes_per_token": M.backbone_kv_cache_bytes_per_token(cfg),
+        "kv_cache_pct_of_base": round(M.kv_cache_pct_of_base(cfg), 4),
+        "state_bytes_per_sequence": M.state_bytes_per_sequence(cfg),
+        "state_bytes_per_linear_layer": per_lin,
+        "state_dtype": {"recurrent": "float32", "conv": "bfloat16"},
+        "trained_context_tokens": t.trained_context_tokens, "rope": rope_info(cfg),
+        "dtype": {"compute": "bfloat16", "kv_cache": "bfloat16", "stored": t.stored_dtype},
+        "mla_dims": {k: getattr(cfg, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                                                   "qk_nope_head_dim", "v_head_dim", "num_key_value_heads",
+                                                   "use_qk_norm")},
+    }
+    if cfg.linear_type == "gdn":
+        out["linear_dims"] = {"gdn_num_heads": cfg.gdn_num_heads, "gdn_head_dim": cfg.gdn_head_dim,
+                              "gdn_value_head_dim": cfg.gdn_value_head_dim, "gdn_conv_size": cfg.gdn_conv_size}
+    else:
+        out["linear_dims"] = M.mamba2_dims(cfg)
+    if t.recipe is not None and t.recipe.paper_kv_cache_pct is not None:
+        out["paper_kv_cache_pct"] = t.recipe.paper_kv_cache_pct
+    return out
+
+
+def kv_report(spec: str, **kw) -> dict[str, Any]:
+    """The ``hylo-bench kv --json`` object: :func:`hylo_bench.serving.memory.estimate` for the target, with
+    ``max_model_len`` defaulting to its trained context. Keyword arguments go to ``estimate``."""
+    t = resolve_target(spec)
+    counts = parameter_counts(t.config)
+    kw.setdefault("max_model_len", None)
+    if kw["max_model_len"] is None:
+        kw["max_model_len"] = t.trained_context_tokens
+    est = M.estimate(t.config, weight_params=counts["total"], fp32_params=counts["fp32_params"], **kw)
+    n_mla = len(t.config.mla_layers)
+    return {"name": t.name, "kind": t.kind,
+            "layout": f"{n_mla}MLA{t.config.n_layer - n_mla}{'GDN' if t.config.linear_type == 'gdn' else 'M2'}",
+            "trained_context_tokens": t.trained_context_tokens, **est}
+
+
+def render_info(d: dict[str, Any]) -> list:
+    """Rich renderables for ``hylo-bench info`` (summary, per-component parameters, layer plan)."""
+    from rich.table import Table
+
+    summary = Table(title=f"{d['name']} ({d['kind']})", show_header=False)
+    ctx = d["trained_context_tokens"]
+    rope = d["rope"]
+    rs = rope["rope_scaling"]
+    yarn = (f"YaRN factor {rs.get('factor')}, original {rs.get('original_max_position_embeddings')}, mscale "
+            f"{rope['yarn_mscale']}" if rope["yarn_active"] else "plain RoPE (no interpolation)")
+    rows = [("layout", f"{d['layout']}  (MLA layers {d['mla_layers']})"),
+            ("backbone / teacher", f"{d['backbone'] or '-'} / {d['teacher'] or '-'}"),
+            ("parameters", f"{d['params']:,}  ({d['params_detail']['source']})"),
+            ("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B bf16 = {d['kv_cache_pct_of_base']:.2f}% of "
+                                 f"the backbone's {d['backbone_kv_cache_bytes_per_token']:,} B"),
+            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({M.format_bytes(d['state_bytes_per_sequence'])}"
+                                 f"; recurrent fp32, conv bf16)"),
+            ("trained context", f"{ctx:,} tokens" if ctx else "unknown"),
+            ("MLA RoPE", f"theta {rope['rope_theta']:g}; {yarn}"),
+            ("dtype", f"compute {d['dtype']['compute']}, stored {d['dtype']['stored'] or 'unknown'}")]
+    for k, v in rows:
+        summary.add_row(k, v)
+    comp = Table(title="parameters by component")
+    comp.add_column("component")
+    comp.add_column("params", justify="right")
+    for k, v in d["params_detail"]["by_component"].items():
+        comp.add_row(k, f"{v:,}")
+    layers = Table(title="layers")
+    for col in ("layer", "mixer", "params", "mixer params", "KV B/token", "state B/seq"):
+        layers.add_column(col, justify="right")
+    for lay in d["layers"]:
+        layers.add_row(str(lay["index"]), lay["mixer"], f"{lay['params']:,}", f"{lay['mixer_params']:,}",
+                       f"{lay['kv_cache_bytes_per_token']:,}", f"{lay['state_bytes_per_sequence']:,}")
+    return [summary, comp, layers]
+
+
+def render_kv(d: dict[str, Any]) -> list:
+    """Rich renderables for ``hylo-bench kv``."""
+    from rich.table import Table
+
+    t = Table(title=f"memory model: {d['name']} ({d['layout']})", show_header=False)
+    fb = M.format_bytes
+    rows = [("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B (backbone "
+                                 f"{d['backbone']['kv_cache_bytes_per_token']:,} B; {d['kv_cache_pct_of_base']:.2f}%)"),
+            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({fb(d['state_bytes_per_sequence'])})"),
+            ("weights (bf16)", f"{d['weight_bytes']:,} B ({fb(d['weight_bytes'])}); backbone "
+                               f"{fb(d['backbone']['weight_bytes'])}")]
+    if "max_context_tokens" in d:
+        mc = d["max_context_tokens"]
+        rows.append(("largest context / GPU", f"hybrid {mc['hybrid']:,} tokens; backbone {mc['backbone']:,} tokens "
+                                              f"(budget {fb(d['gpu']['budget_bytes'])}, batch 1)"
+                     if mc["hybrid"] is not None else f"hybrid unbounded by KV; backbone {mc['backbone']:,}"))
+    p = d["vllm"]["page"]
+    rows.append(("vLLM page", f"block {p['block_size_tokens']:,} tokens, page {p['page_bytes']:,} B (state "
+                              f"{p['state_page_bytes']:,} B, padding {p['padding_pct']}%), groups {p['mla_groups']} "
+                              f"MLA + {p['linear_groups']} linear of {p['group_size']} ({p['padding_layers']} pad)"))
+    cap = d["vllm"].get("capacity")
+    if cap:
+        rows.append(("vLLM capacity", f"{cap['num_blocks']:,} blocks; {cap['blocks_per_request']} per "
+                                      f"{cap['max_model_len']:,}-token request; "
+                                      f"concurrency {cap['max_concurrency']:.2f}x; "
+                                      f"KV cache size {cap['kv_cache_size_tokens']:,} tokens; max model len "
+                                      f"{cap['max_model_len_tokens']:,}"))
+    for k, v in rows:
+        t.add_row(k, v)
+    return [t]
