@@ -76,8 +76,8 @@ def upcycle(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step "
                                              "(default 1)."),
-    ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4."),
-    kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 1e-3 for the demo."),
+    ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4, 4e-3 for the demo."),
+    kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 3e-4 for the demo."),
     kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank"),
     q_lora_rank: Optional[int] = typer.Option(None, "--q-lora-rank"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),

@@ -112,7 +112,7 @@ def text_windows(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
     """
     ids: list[int] = []
     for d in docs:
-        ids += tokenizer(d, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids += tokenizer(d, add_special_tokens=False, verbose=False).input_ids + [tokenizer.eos_token_id]
     n = len(ids) // seq_len
     if n == 0:
         raise ValueError(f"the data has {len(ids)} tokens, fewer than one window of {seq_len}")

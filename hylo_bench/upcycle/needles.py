@@ -110,7 +110,7 @@ class DenseRows:
         self.tokens_per_line = len(self._encode(["\n" + NOISE_LINE])[0])
 
     def _encode(self, pieces: list[str]) -> list[list[int]]:
-        return self.tok(pieces, add_special_tokens=False).input_ids
+        return self.tok(pieces, add_special_tokens=False, verbose=False).input_ids
 
     def max_len_at(self, step: int) -> int:
         c = self.cfg
@@ -212,7 +212,7 @@ class _RustTokenizer:
         self.tok = Tokenizer.from_str(tokenizer_json)
         self.bos_token_id, self.eos_token_id, self.pad_token_id = bos, eos, pad
 
-    def __call__(self, pieces: list[str], add_special_tokens: bool = False):
+    def __call__(self, pieces: list[str], add_special_tokens: bool = False, verbose: bool = False):
         from types import SimpleNamespace
 
         enc = self.tok.encode_batch(pieces, add_special_tokens=add_special_tokens)

@@ -380,7 +380,7 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
         ild/kd lr, batch = the KD stage's per-device batch with grad_accum = global / per-device batch (one
         process reproduces the global batch), temperature, seed, mixer dims and YaRN.
     """
-    from hylo_bench.upcycle.run import DEMO_STAGES, UpcycleConfig
+    from hylo_bench.upcycle.run import DEMO_ILD_LR, DEMO_KD_LR, DEMO_STAGES, UpcycleConfig
 
     given = {k: v for k, v in flags.items() if v is not None}
     mixer = {k: given.pop(k) for k in ("kv_lora_rank", "q_lora_rank") if k in given}
@@ -403,7 +403,8 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
                 kw.pop("linear_type")
     else:
         demo = given.get("base", "demo") == "demo"
-        kw.update(stages=DEMO_STAGES if demo else "2k:ild,8k", kd_lr=1e-3 if demo else 6e-5)
+        kw.update(stages=DEMO_STAGES if demo else "2k:ild,8k", ild_lr=DEMO_ILD_LR if demo else 2e-4,
+                  kd_lr=DEMO_KD_LR if demo else 6e-5)
     kw.update(given)
     kw["mixer_overrides"] = {**kw.get("mixer_overrides", {}), **mixer}
     if recipe is not None:
