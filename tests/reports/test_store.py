@@ -8,6 +8,7 @@ import re
 import sqlite3
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -87,7 +88,7 @@ def test_import_query_round_trip(files: dict[str, Path], tmp_path: Path):
     assert got == {key: (score, 8) for key, score in SCORES["hylo-a"].items()}
     lm = df[df["kind"] == "lm-eval"].set_index(["task", "metric"])
     assert lm.loc[("arc_easy", "acc"), "value"] == 62.5 and lm.loc[("arc_easy", "acc"), "stderr"] == 3.125
-    assert lm.loc[("arc_easy", "acc"), "n"] == 64 and pd_isna(lm.loc[("arc_easy", "acc_norm"), "stderr"])
+    assert lm.loc[("arc_easy", "acc"), "n"] == 64 and pd.isna(lm.loc[("arc_easy", "acc_norm"), "stderr"])
     assert lm.loc[("gsm8k", "exact_match,flexible-extract"), "value"] == 37.5
     assert lm.loc[("wikitext", "word_perplexity"), "value"] == 17.5  # not a percentage: kept as is
     assert df[df["kind"] == "ruler-json"][["task", "value"]].values.tolist() == [["vt", 44.75]]
@@ -97,10 +98,6 @@ def test_import_query_round_trip(files: dict[str, Path], tmp_path: Path):
     pts = store.points_frame(engine)
     bench = json.loads(BENCH_PATH.read_text())
     assert pts.drop(columns=["run_id", "benchmark"]).to_dict("records") == bench["records"]
-
-
-def pd_isna(value) -> bool:
-    return value is None or value != value
 
 
 def test_duplicate_import_is_a_noop(files: dict[str, Path], tmp_path: Path):
