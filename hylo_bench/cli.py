@@ -149,7 +149,7 @@ _DB_HELP = "Results store: a file path or SQLAlchemy URL (default: $HYLO_BENCH_D
 
 @app.command("import")
 def import_(
-    files: list[Path] = typer.Argument(..., help="RULER results / `ruler --json` / manifest / benchmark / lm-eval JSON."),
+    files: list[Path] = typer.Argument(..., help="RULER, `ruler --json`, manifest, benchmark or lm-eval JSON."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir", help="Where the default store lives."),
 ) -> None:
@@ -180,7 +180,8 @@ def compare(
     from hylo_bench.reports import compare as C, store
 
     try:
-        engine = None if all(s.startswith("paper:") for s in (base, cand)) else store.open_store(db, results_dir)
+        stored = not all(side.startswith("paper:") for side in (base, cand))
+        engine = store.open_store(db, results_dir, create=False) if stored else None
         result = C.compare_sides(C.resolve_side(engine, base, paper), C.resolve_side(engine, cand, paper), threshold)
     except ValueError as e:
         _fail(e)

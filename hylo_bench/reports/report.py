@@ -228,7 +228,7 @@ def _load_store(db: str | Path, results_dir: Path) -> tuple[pd.DataFrame, pd.Dat
     :func:`load_manifests`; the third value names the store (URL without password)."""
     from hylo_bench.reports import store
 
-    engine = store.open_store(db, results_dir)
+    engine = store.open_store(db, results_dir, create=False)
     rows = store.ruler_rows(engine)
     if not rows:
         raise ValueError(f"no RULER results in the store {engine.url!r}; run `hylo-bench import FILE...` first")

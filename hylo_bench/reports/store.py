@@ -153,15 +153,22 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     return max(version, target)
 
 
-def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> Engine:
-    """Connect to the store (see :func:`resolve_url`), creating the SQLite file and migrating to the current schema.
+def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *, create: bool = True) -> Engine:
+    """Connect to the store (see :func:`resolve_url`) and migrate it to the current schema.
+
+    Args:
+        create: Create a missing SQLite file (and its folder); when False a missing file is an error.
 
     Raises:
-        ValueError: the URL cannot be used (bad scheme or missing driver), or the schema is newer than this code.
+        ValueError: the SQLite file is missing (``create=False``), the URL cannot be used (bad scheme or missing
+            driver), or the schema is newer than this code.
     """
     url = resolve_url(db, results_dir)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url[len("sqlite:///"):])
+        if not create and not path.is_file():
+            raise ValueError(f"no results store at {path}; pass --db, set {DB_ENV}, or `hylo-bench import` results")
+        path.parent.mkdir(parents=True, exist_ok=True)
     try:
         engine = sa.create_engine(url)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
