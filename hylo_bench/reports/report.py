@@ -229,13 +229,14 @@ def _load_store(db: str | Path, results_dir: Path) -> tuple[pd.DataFrame, pd.Dat
     from hylo_bench.reports import store
 
     engine = store.open_store(db, results_dir, create=False)
+    url = engine.url.render_as_string(hide_password=True)
     rows = store.ruler_rows(engine)
     if not rows:
-        raise ValueError(f"no RULER results in the store {engine.url!r}; run `hylo-bench import FILE...` first")
+        raise ValueError(f"no RULER results in the store {url}; run `hylo-bench import FILE...` first")
     df = results_frame(rows, skipped=[])
     losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
     losses.attrs["skipped"] = []
-    return df, losses, engine.url.render_as_string(hide_password=True)
+    return df, losses, url
 
 
 def build_report(
@@ -274,8 +275,8 @@ def build_report(
     else:
         df, losses, source = load_results(results_dir, strict=strict), load_manifests(results_dir, strict=strict), ""
     skipped = df.attrs["skipped"] + losses.attrs["skipped"]
+    title = title or f"hylo-bench report: {results_dir.resolve().name if db is None else 'results store'}"
     source = source or str(results_dir)
-    title = title or f"hylo-bench report: {Path(source).name if db is None else 'results store'}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     meta = (f"{df['model'].nunique()} model(s), {df['run_file'].nunique()} run file(s), "
             f"{len(skipped)} skipped; generated {now} by hylo-bench {__version__} from "
