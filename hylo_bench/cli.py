@@ -204,15 +204,62 @@ def report(
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output"),
     title: Optional[str] = typer.Option(None, "--title"),
+    db: Optional[str] = typer.Option(None, "--db", help="Read from this results store (path or SQLAlchemy URL)."),
 ) -> None:
-    """Write one self-contained HTML report from a results directory."""
+    """Write one self-contained HTML report from a results directory or the results store."""
     from hylo_bench.reports import build_report
 
     try:
-        path = build_report(results_dir, output, title=title)
+        path = build_report(results_dir, output, title=title, db=db)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     console.print(f"[green]report written to {path}[/]")
+
+
+_DB_HELP = "Results store: a file path or SQLAlchemy URL (default: $HYLO_BENCH_DB, else RESULTS_DIR/hylo_bench.sqlite)."
+
+
+@app.command("import")
+def import_(
+    files: list[Path] = typer.Argument(..., help="RULER, `ruler --json`, manifest, benchmark or lm-eval JSON."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir", help="Where the default store lives."),
+) -> None:
+    """Store result files in the results store; all files or none, re-imports are no-ops."""
+    from hylo_bench.reports import store
+
+    try:
+        outcomes = store.import_files(store.open_store(db, results_dir), files)
+    except ValueError as e:
+        _fail(ValueError(f"{e}\nnothing was imported"))
+    for o in outcomes:
+        console.print(f"{o.source}: run {o.run_id} {o.status} (+{o.num_metrics} metrics, +{o.num_train_rows} "
+                      f"log rows, +{o.num_points} points)")
+
+
+@app.command()
+def compare(
+    base: str = typer.Argument(..., help="Model name or run id as stored, or paper:<model>[@<train ctx>]."),
+    cand: str = typer.Argument(..., help="Same forms as BASE."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir", help="Where the default store lives."),
+    threshold: float = typer.Option(1.0, "--threshold", help="Regression threshold in score points (0-100)."),
+    md: Optional[Path] = typer.Option(None, "--md", help="Write the Markdown report (CI comment) here."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here."),
+    paper: Optional[Path] = typer.Option(None, "--paper", help="hylo_paper_tables.json (default: shared/paper)."),
+) -> None:
+    """Per-metric deltas CAND - BASE with 95 % CIs; exit 1 if any metric regresses beyond the threshold and CI."""
+    from hylo_bench.reports import compare as C, store
+
+    try:
+        stored = not all(side.startswith("paper:") for side in (base, cand))
+        engine = store.open_store(db, results_dir, create=False) if stored else None
+        result = C.compare_sides(C.resolve_side(engine, base, paper), C.resolve_side(engine, cand, paper), threshold)
+    except ValueError as e:
+        _fail(e)
+    C.write_outputs(result, md, html_out)
+    typer.echo(C.to_markdown(result))
+    raise typer.Exit(1 if result.num_regressions else 0)
 
 
 if __name__ == "__main__":

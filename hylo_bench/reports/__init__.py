@@ -1,4 +1,5 @@
-"""Results store readers and the HTML report: RULER result files and upcycle manifests to pandas and plotly.
+"""Results: file readers (``results``), the SQL results store (``store``, ``ingest``), the HTML report and
+``compare`` (regression gate). RULER result files, manifests and stored runs go to pandas and plotly.
 
 Never imports torch.
 """

@@ -20,7 +20,9 @@ import plotly.offline
 
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_text
-from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
+from hylo_bench.reports.results import (
+    LOSS_COLUMNS, load_manifests, load_results, models_table, results_frame, ruler_means, task_tables,
+)
 
 _TEMPLATE = "plotly_white"
 _CSS = """
@@ -221,6 +223,22 @@ def write_tables(df: pd.DataFrame, tables_dir: str | Path) -> list[Path]:
     return paths
 
 
+def _load_store(db: str | Path, results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """RULER rows and training losses from the results store, in the frames of :func:`load_results` and
+    :func:`load_manifests`; the third value names the store (URL without password)."""
+    from hylo_bench.reports import store
+
+    engine = store.open_store(db, results_dir, create=False)
+    url = engine.url.render_as_string(hide_password=True)
+    rows = store.ruler_rows(engine)
+    if not rows:
+        raise ValueError(f"no RULER results in the store {url}; run `hylo-bench import FILE...` first")
+    df = results_frame(rows, skipped=[])
+    losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
+    losses.attrs["skipped"] = []
+    return df, losses, url
+
+
 def build_report(
     results_dir: str | Path,
     out_html: str | Path,
@@ -228,8 +246,10 @@ def build_report(
     *,
     strict: bool = False,
     tables_dir: str | Path | None = None,
+    db: str | Path | None = None,
 ) -> Path:
-    """Build one self-contained HTML report (opens offline) from every result file under ``results_dir``.
+    """Build one self-contained HTML report (opens offline) from every result file under ``results_dir``, or from
+    the results store when ``db`` is given.
 
     Sections: RULER mean vs length (one line per model), per-task heatmaps per model, per-length score tables
     (tasks + mean x models), a models table, and upcycle training losses when manifests are found.
@@ -240,6 +260,8 @@ def build_report(
         title: Page title; defaults to ``"hylo-bench report: <results_dir name>"``.
         strict: Raise on a malformed result file instead of skipping it with a warning (listed in the report).
         tables_dir: If given, also write every table as CSV there (see :func:`write_tables`).
+        db: Read RULER runs and training logs from this results store (path or SQLAlchemy URL, see
+            ``store.resolve_url``) instead of scanning ``results_dir``.
 
     Returns:
         The path of the written HTML file.
@@ -248,14 +270,17 @@ def build_report(
         ValueError: if no RULER results are found, or (strict) a result file is malformed.
     """
     results_dir, out_html = Path(results_dir), Path(out_html)
-    df = load_results(results_dir, strict=strict)
-    losses = load_manifests(results_dir, strict=strict)
+    if db is not None:
+        df, losses, source = _load_store(db, results_dir)
+    else:
+        df, losses, source = load_results(results_dir, strict=strict), load_manifests(results_dir, strict=strict), ""
     skipped = df.attrs["skipped"] + losses.attrs["skipped"]
-    title = title or f"hylo-bench report: {results_dir.resolve().name}"
+    title = title or f"hylo-bench report: {results_dir.resolve().name if db is None else 'results store'}"
+    source = source or str(results_dir)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     meta = (f"{df['model'].nunique()} model(s), {df['run_file'].nunique()} run file(s), "
             f"{len(skipped)} skipped; generated {now} by hylo-bench {__version__} from "
-            f"<code>{html.escape(str(results_dir))}</code>")  # fmt: skip
+            f"<code>{html.escape(source)}</code>")  # fmt: skip
     parts = [f"<h1>{html.escape(title)}</h1>\n<p class=\"meta\">{meta}</p>\n", _skipped_html(skipped)]
     parts.append("<h2>RULER mean vs context length</h2>\n" + _figure_html("ruler-mean", mean_figure(df)))
     parts.append("<h2>RULER per task</h2>\n")

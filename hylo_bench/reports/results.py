@@ -253,6 +253,14 @@ def load_results(results_dir: str | Path, strict: bool = False) -> pd.DataFrame:
     if not rows:
         extra = f" ({len(skipped)} file(s) skipped as malformed, see warnings)" if skipped else ""
         raise ValueError(f"no RULER results found in {root}{extra}; run `hylo-bench ruler ...` first")
+    return results_frame(rows, skipped)
+
+
+def results_frame(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) -> pd.DataFrame:
+    """Tidy frame from parsed RULER rows (:func:`parse_ruler_run` output or ``store.ruler_rows``).
+
+    Keeps the latest run per model, task and length (ties: the later ``run_file``); see :func:`load_results`.
+    """
     df = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     df["created_utc"] = pd.to_datetime(df["created_utc"], utc=True)
     df = df.sort_values(["created_utc", "run_file"], kind="stable")

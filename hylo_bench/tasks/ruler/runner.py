@@ -7,6 +7,7 @@ Results are rewritten atomically after every (task, length), so an interrupted r
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import statistics
 from datetime import datetime, timezone
@@ -26,6 +27,7 @@ from hylo_bench.tasks.ruler.registry import get_task
 from hylo_bench.tasks.ruler.sampling import encode_prompt
 from hylo_bench.tasks.ruler.scoring import mean_score, task_score
 
+logger = logging.getLogger(__name__)
 FLAVOR = "lm-eval"
 MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
 
@@ -206,6 +208,26 @@ def _means(records: list[dict]) -> dict[str, float]:
     return {str(n): mean_score(r["score"] for r in records if r["seq_len"] == n) for n in lengths}
 
 
+def _record_in_store(doc: dict, path: Path, results_dir: Path) -> None:
+    """Add the results so far to the results store ($HYLO_BENCH_DB, else RESULTS_DIR/hylo_bench.sqlite).
+
+    A store failure is logged, not raised: the JSON file already holds the results (`hylo-bench import` it later).
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hylo_bench.reports import store
+    from hylo_bench.reports.ingest import parse_object
+
+    try:
+        engine = store.open_store(None, results_dir)
+        try:
+            store.save_runs(engine, [parse_object(doc, str(path))])
+        finally:
+            engine.dispose()
+    except (ValueError, SQLAlchemyError) as exc:
+        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc, path)
+
+
 def evaluate_model(
     model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None
 ) -> dict:
@@ -256,6 +278,7 @@ def evaluate_model(
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
                 atomic_write_json(path, doc)
+                _record_in_store(doc, path, results_dir)
                 scores.setdefault(task, {})[str(length)] = record["score"]
     return {"model": model_info["name"], "scores": scores, "mean": doc["mean"], "results_path": str(path)}
 

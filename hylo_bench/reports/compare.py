@@ -1,0 +1,259 @@
+"""Compare two result sets (stored runs, models, or the paper's numbers) metric by metric with 95 % intervals.
+
+A side is a run id, a model name as stored (its latest value per metric), or ``paper:<model>[@<train ctx>]``
+(Tables 2-4 of arXiv:2604.24715, read from ``hylo_paper_tables.json``). Scores are 0-100, lengths in tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from sqlalchemy.engine import Engine
+
+from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.reports import store
+
+Z_95 = 1.959963984540054
+PAPER_ENV = "HYLO_BENCH_PAPER_TABLES"
+PAPER_TABLES = ("table2_llama3.2-1B", "table3_llama3.2-3B", "table4_qwen3-1.7B")
+RULER_MEAN_TASK = "ruler_mean"
+# Paper column -> (task, seq_len, metric) in the store's naming. The paper does not say acc vs acc_norm or which
+# GSM8K filter it reports; lm-eval's plain "acc" and "exact_match,strict-match" are assumed.
+PAPER_COLUMNS: dict[str, tuple[str, int | None, str]] = {
+    "ARC": ("arc_challenge", None, "acc"), "ARE": ("arc_easy", None, "acc"), "HS": ("hellaswag", None, "acc"),
+    "OB": ("openbookqa", None, "acc"), "PI": ("piqa", None, "acc"), "RA": ("race", None, "acc"),
+    "WG": ("winogrande", None, "acc"), "GSM8K": ("gsm8k", None, "exact_match,strict-match"),
+    "R8K": (RULER_MEAN_TASK, 8192, "score"), "R16K": (RULER_MEAN_TASK, 16384, "score"),
+    "R32K": (RULER_MEAN_TASK, 32768, "score"), "R64K": (RULER_MEAN_TASK, 65536, "score"),
+}  # fmt: skip
+_KEY = ["task", "seq_len", "metric"]
+_LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "loss")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Side:
+    """One side of a comparison: ``metrics`` has columns task, seq_len, metric, value, n, stderr (se 0-100)."""
+
+    label: str
+    description: str
+    metrics: pd.DataFrame
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Comparison:
+    """Result of :func:`compare`. ``rows``: one per metric on both sides; ``only_base``/``only_cand``: the rest."""
+
+    base: Side
+    cand: Side
+    threshold: float
+    rows: pd.DataFrame
+    only_base: pd.DataFrame
+    only_cand: pd.DataFrame
+
+    @property
+    def num_regressions(self) -> int:
+        return int(self.rows["regression"].sum())
+
+
+def default_paper_path() -> Path:
+    """``$HYLO_BENCH_PAPER_TABLES``, else ``shared/paper/hylo_paper_tables.json`` next to the checkout."""
+    if os.environ.get(PAPER_ENV):
+        return Path(os.environ[PAPER_ENV])
+    return Path(__file__).resolve().parents[3] / "shared" / "paper" / "hylo_paper_tables.json"
+
+
+def paper_side(spec: str, paper_path: str | Path | None = None) -> Side:
+    """The paper's numbers for ``spec`` = ``<model>`` or ``<model>@<train ctx>`` (e.g. ``HyLo-Llama-4MLA12M2@64K``).
+
+    Raises:
+        ValueError: the tables file is missing, or the model matches no row or several rows (lists the choices).
+    """
+    path = Path(paper_path) if paper_path is not None else default_paper_path()
+    if not path.is_file():
+        raise ValueError(f"paper tables {path} not found; set {PAPER_ENV} to hylo_paper_tables.json")
+    tables = json.loads(path.read_text(encoding="utf-8"))
+    name, _, ctx = spec.partition("@")
+    rows = [(t, r) for t in PAPER_TABLES for r in tables.get(t, []) if r["model"] == name]
+    if ctx:
+        rows = [(t, r) for t, r in rows if str(r.get("train_ctx")) == ctx]
+    if len(rows) != 1:
+        pool = rows or [(t, r) for t in PAPER_TABLES for r in tables.get(t, [])]
+        choices = sorted({r["model"] + (f"@{r['train_ctx']}" if r.get("train_ctx") else "") for _, r in pool})
+        what = "no row" if not rows else f"{len(rows)} rows"
+        raise ValueError(f"paper:{spec}: {what} in {', '.join(PAPER_TABLES)}; use one of: {', '.join(choices)}")
+    table, row = rows[0]
+    records = [{"task": task, "seq_len": seq_len, "metric": metric, "value": float(row[col]), "n": None,
+                "stderr": None} for col, (task, seq_len, metric) in PAPER_COLUMNS.items() if row.get(col) is not None]
+    desc = f"paper {table}, {row['model']} (train ctx {row.get('train_ctx') or '-'})"
+    return Side(label=f"paper:{spec}", description=desc, metrics=_frame(records))
+
+
+def store_side(engine: Engine, spec: str) -> Side:
+    """A run id or a model name as stored; for a model, each metric's value comes from its latest run.
+
+    RULER per-task scores also yield a ``ruler_mean`` row per length (mean over the tasks present, se of the mean).
+
+    Raises:
+        ValueError: nothing stored under ``spec``; lists the stored model names.
+    """
+    runs = store.runs_frame(engine)
+    if spec.isdigit() and int(spec) in set(runs["id"]):
+        chosen = runs[runs["id"] == int(spec)]
+    else:
+        chosen = runs[runs["model"] == spec]
+    if chosen.empty:
+        models = ", ".join(sorted(runs["model"].unique())) or "none (run `hylo-bench import` first)"
+        raise ValueError(f"{spec!r} is neither a stored run id nor a stored model name; stored models: {models}")
+    df = store.metrics_frame(engine, [int(i) for i in chosen["id"]])
+    if df.empty:
+        raise ValueError(f"{spec!r}: the matching run(s) {list(chosen['id'])} hold no metrics (e.g. only a manifest)")
+    df = df.sort_values(["created_utc", "run_id"], kind="stable").drop_duplicates(_KEY, keep="last")
+    records = df[_KEY + ["value", "n", "stderr"]].to_dict("records")
+    records += _ruler_means(df)
+    ids = ", ".join(str(i) for i in sorted(df["run_id"].unique()))
+    return Side(label=spec, description=f"{spec} (run {ids})", metrics=_frame(records))
+
+
+def _ruler_means(df: pd.DataFrame) -> list[dict[str, Any]]:
+    ruler = df[(df["metric"] == "score") & df["seq_len"].notna() & (df["task"] != RULER_MEAN_TASK)]
+    out = []
+    for seq_len, part in ruler.groupby("seq_len"):
+        ses = [_stderr(r.value, r.n, r.stderr) for r in part.itertuples()]
+        se = None if any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)) / len(ses)
+        out.append({"task": RULER_MEAN_TASK, "seq_len": int(seq_len), "metric": "score",
+                    "value": math.fsum(part["value"]) / len(part), "n": None, "stderr": se,
+                    "num_tasks": len(part)})  # fmt: skip
+    return out
+
+
+def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    cols = _KEY + ["value", "n", "stderr", "num_tasks"]
+    df = pd.DataFrame(records, columns=cols)
+    df["seq_len"] = df["seq_len"].astype("Int64")
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def _stderr(value: float, n: Any, stderr: Any) -> float | None:
+    """Standard error in score units: the stored one, else binomial from ``n`` for a 0-100 score.
+
+    The binomial uses the Agresti-Coull adjusted proportion (x + 2) / (n + 4) so 0 % and 100 % keep a width.
+    """
+    if stderr is not None and not pd.isna(stderr):
+        return float(stderr)
+    if n is None or pd.isna(n) or int(n) <= 0 or not 0.0 <= value <= 100.0:
+        return None
+    p = (value / 100.0 * int(n) + 2.0) / (int(n) + 4.0)
+    return 100.0 * math.sqrt(p * (1.0 - p) / (int(n) + 4.0))
+
+
+def resolve_side(engine: Engine | None, spec: str, paper_path: str | Path | None = None) -> Side:
+    """``paper:<model>`` from the paper's tables, anything else from the store (see :func:`store_side`)."""
+    if spec.startswith("paper:"):
+        return paper_side(spec[len("paper:"):], paper_path)
+    if engine is None:
+        raise ValueError(f"{spec!r}: a stored run or model needs the results store (--db)")
+    return store_side(engine, spec)
+
+
+def compare_sides(base: Side, cand: Side, threshold: float = 1.0) -> Comparison:
+    """Per metric delta = cand - base (sign flipped for lower-is-better metrics such as perplexity) with a 95 % CI.
+
+    A metric regresses when delta < -threshold AND the CI upper bound is below 0 (with no stderr on either side
+    the CI has zero width, so the threshold alone decides).
+
+    Raises:
+        ValueError: ``threshold`` is negative.
+    """
+    if threshold < 0:
+        raise ValueError(f"threshold: expected >= 0 score points, got {threshold}")
+    merged = base.metrics.merge(cand.metrics, on=_KEY, how="outer", suffixes=("_base", "_cand"), indicator=True)
+    both = merged[merged["_merge"] == "both"].copy()
+    rows = []
+    for r in both.itertuples():
+        se_b, se_c = _stderr(r.value_base, r.n_base, r.stderr_base), _stderr(r.value_cand, r.n_cand, r.stderr_cand)
+        ses = [s for s in (se_b, se_c) if s is not None]
+        se = math.sqrt(sum(s * s for s in ses)) if ses else None
+        sign = -1.0 if any(w in r.metric for w in _LOWER_IS_BETTER) else 1.0
+        delta = sign * (r.value_cand - r.value_base)
+        half = Z_95 * se if se is not None else 0.0
+        rows.append({"task": r.task, "seq_len": r.seq_len, "metric": r.metric, "base": r.value_base,
+                     "cand": r.value_cand, "delta": delta, "ci_low": delta - half, "ci_high": delta + half,
+                     "has_ci": se is not None, "regression": bool(delta < -threshold and delta + half < 0)})
+    cols = ["task", "seq_len", "metric", "base", "cand", "delta", "ci_low", "ci_high", "has_ci", "regression"]
+    out = pd.DataFrame(rows, columns=cols)
+    only = merged[merged["_merge"] != "both"]
+    only_base = only[only["_merge"] == "left_only"][_KEY + ["value_base"]].rename(columns={"value_base": "value"})
+    only_cand = only[only["_merge"] == "right_only"][_KEY + ["value_cand"]].rename(columns={"value_cand": "value"})
+    return Comparison(base=base, cand=cand, threshold=threshold, rows=_sorted(out), only_base=_sorted(only_base),
+                      only_cand=_sorted(only_cand))
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(_KEY, na_position="first", kind="stable").reset_index(drop=True)
+
+
+def _len(seq_len: Any) -> str:
+    return "-" if pd.isna(seq_len) else str(int(seq_len))
+
+
+def to_markdown(cmp: Comparison) -> str:
+    """A Markdown report for a CI comment: verdict, the delta table (regressions first), metrics on one side only."""
+    verdict = (f"**{cmp.num_regressions} regression(s)** beyond {cmp.threshold:g} points and the 95 % CI"
+               if cmp.num_regressions else f"no regression beyond {cmp.threshold:g} points and the 95 % CI")
+    lines = [f"### hylo-bench compare: `{cmp.cand.label}` vs `{cmp.base.label}`", "",
+             f"base: {cmp.base.description}; candidate: {cmp.cand.description}", "",
+             f"{verdict}; {len(cmp.rows)} metric(s) compared, {len(cmp.only_base)} only in base, "
+             f"{len(cmp.only_cand)} only in candidate.", "",
+             "| | task | length | metric | base | cand | delta | 95 % CI |", "|---|---|---|---|---:|---:|---:|---|"]
+    for r in cmp.rows.sort_values("regression", ascending=False, kind="stable").itertuples():
+        ci = f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if r.has_ci else "n/a"
+        flag = "**REGRESSION**" if r.regression else ""
+        lines.append(f"| {flag} | {r.task} | {_len(r.seq_len)} | {r.metric} | {r.base:.2f} | {r.cand:.2f} | "
+                     f"{r.delta:+.2f} | {ci} |")
+    for title, df in (("Only in base", cmp.only_base), ("Only in candidate", cmp.only_cand)):
+        if not df.empty:
+            lines += ["", f"**{title}** ({len(df)}): " + ", ".join(
+                f"`{r.task}@{_len(r.seq_len)}:{r.metric}` = {r.value:.2f}" for r in df.itertuples())]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(cmp: Comparison) -> str:
+    """A self-contained HTML page with the same content as :func:`to_markdown` (regressions highlighted)."""
+    esc = html.escape
+    head = "".join(f"<th>{h}</th>" for h in ("task", "length", "metric", "base", "cand", "delta", "95 % CI"))
+    body = []
+    for r in cmp.rows.sort_values("regression", ascending=False, kind="stable").itertuples():
+        ci = f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if r.has_ci else "n/a"
+        style = ' style="background:#fdd"' if r.regression else ""
+        body.append(f"<tr{style}><td>{esc(r.task)}</td><td>{_len(r.seq_len)}</td><td>{esc(r.metric)}</td>"
+                    f"<td>{r.base:.2f}</td><td>{r.cand:.2f}</td><td>{r.delta:+.2f}</td><td>{ci}</td></tr>")
+    extra = []
+    for title, df in (("Only in base", cmp.only_base), ("Only in candidate", cmp.only_cand)):
+        if not df.empty:
+            items = "".join(f"<li>{esc(r.task)} @ {_len(r.seq_len)}: {esc(r.metric)} = {r.value:.2f}</li>"
+                            for r in df.itertuples())
+            extra.append(f"<h2>{title} ({len(df)})</h2><ul>{items}</ul>")
+    verdict = f"{cmp.num_regressions} regression(s)" if cmp.num_regressions else "no regression"
+    title = f"hylo-bench compare: {cmp.cand.label} vs {cmp.base.label}"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+            "<style>body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}</style></head><body>"
+            f"<h1>{esc(title)}</h1><p>base: {esc(cmp.base.description)}<br>candidate: {esc(cmp.cand.description)}"
+            f"</p><p><b>{verdict}</b> beyond {cmp.threshold:g} points and the 95 % CI</p>"
+            f"<table><tr>{head}</tr>{''.join(body)}</table>{''.join(extra)}</body></html>\n")
+
+
+def write_outputs(cmp: Comparison, md: str | Path | None, html_path: str | Path | None) -> None:
+    """Write the Markdown and/or HTML report (atomically, parent folders created) where a path is given."""
+    if md is not None:
+        atomic_write_text(md, to_markdown(cmp))
+    if html_path is not None:
+        atomic_write_text(html_path, to_html(cmp))

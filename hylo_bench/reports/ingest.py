@@ -1,0 +1,260 @@
+"""Recognise and parse result files for the results store: one :class:`RunRecord` per file, nothing written.
+
+Kinds: ``ruler`` (our RULER results file), ``ruler-json`` (``hylo-bench ruler --json``), ``upcycle`` (manifest.json),
+``benchmark`` (``benchmarks/results/*.json``) and ``lm-eval`` (lm-eval 0.4 ``results_*.json``). Scores are 0-100.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hylo_bench.reports.results import parse_manifest, parse_ruler_run
+
+KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "lm-eval")
+# Keys a RULER results file / upcycle manifest gains while its run goes on; the natural key leaves them out so
+# re-importing a grown file extends the same run instead of adding a new one.
+_RULER_GROWING = ("records", "mean")
+_MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc")
+# lm-eval reports these on a 0-1 scale; the store keeps every accuracy-like score on 0-100 like RULER and the paper.
+LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Metric:
+    """One scalar result. ``seq_len`` is the context length in tokens (``None`` when it does not apply);
+    ``n`` the number of scored samples, ``stderr`` the standard error in the units of ``value``."""
+
+    task: str
+    seq_len: int | None
+    metric: str
+    value: float
+    n: int | None
+    stderr: float | None
+    flavor: str | None
+    extra: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RunRecord:
+    """Everything one source object puts into the store. ``natural_key`` makes re-imports idempotent."""
+
+    natural_key: str
+    kind: str
+    source: str
+    model: str
+    checkpoint: str | None
+    model_hash: str | None
+    layout: str | None
+    git_sha: str | None
+    hylo_bench_version: str | None
+    device: str | None
+    config: dict[str, Any]
+    created_utc: str
+    metrics: list[Metric]
+    train_log: list[dict[str, Any]]
+    points: list[dict[str, Any]]
+
+
+def content_hash(obj: Any) -> str:
+    """Hex SHA-256 of ``obj`` as canonical JSON (sorted keys, no whitespace)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def detect_kind(obj: Any) -> str:
+    """Name the kind of a parsed results object (one of :data:`KINDS`).
+
+    Raises:
+        ValueError: the object matches none of the known shapes; the message lists what was looked for.
+    """
+    if isinstance(obj, dict):
+        if obj.get("kind") == "ruler":
+            return "ruler"
+        if obj.get("kind") == "upcycle":
+            return "upcycle"
+        if "benchmark" in obj and "records" in obj:
+            return "benchmark"
+        if isinstance(obj.get("results"), dict) and ("n-samples" in obj or "config" in obj or "versions" in obj):
+            return "lm-eval"
+        if {"model", "scores", "mean"} <= obj.keys():
+            return "ruler-json"
+        shown = ", ".join(sorted(obj)[:8])
+        raise ValueError(f"unknown results format (top-level keys: {shown or 'none'}); expected a RULER results "
+                         "file (\"kind\": \"ruler\"), `ruler --json` output, an upcycle manifest.json, a benchmark "
+                         "JSON (\"benchmark\" + \"records\") or an lm-eval results_*.json")
+    raise ValueError(f"unknown results format: top level is a {type(obj).__name__}, expected a JSON object")
+
+
+def _iso(text: str) -> str:
+    ts = datetime.fromisoformat(text)
+    ts = ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+    return ts.isoformat(timespec="seconds")
+
+
+def _without(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in keys}
+
+
+def _ruler_file(obj: dict[str, Any], source: str) -> RunRecord:
+    rows = parse_ruler_run(obj, source)  # validates; raises ValueError naming the field
+    model = obj["model"]
+    extra_keys = ("nulls", "seed", "prompt_tokens_mean", "prompt_tokens_min", "prompt_tokens_max")
+    metrics = [Metric(task=r["task"], seq_len=r["seq_len"], metric="score", value=r["score"], n=r["n"], stderr=None,
+                      flavor=r["flavor"], extra={k: r[k] for k in extra_keys}) for r in rows]
+    header = _without(obj, _RULER_GROWING)
+    return RunRecord(natural_key=content_hash(header), kind="ruler", source=source, model=model["name"],
+                     checkpoint=model["path"], model_hash=model["hash"], layout=model["layout"], git_sha=obj["git_sha"],
+                     hylo_bench_version=obj["hylo_bench_version"], device=(obj.get("config") or {}).get("device"),
+                     config=header, created_utc=_iso(obj["created_utc"]), metrics=metrics, train_log=[], points=[])
+
+
+def _ruler_json(obj: dict[str, Any], source: str) -> RunRecord:
+    if not isinstance(obj["model"], str) or not obj["model"]:
+        raise ValueError(f"model: expected a non-empty string, got {obj['model']!r}")
+    if not isinstance(obj["scores"], dict):
+        raise ValueError(f"scores: expected {{task: {{length: score}}}}, got {type(obj['scores']).__name__}")
+    metrics = []
+    for task, by_len in obj["scores"].items():
+        if not isinstance(by_len, dict):
+            raise ValueError(f"scores.{task}: expected {{length: score}}, got {type(by_len).__name__}")
+        for length, score in by_len.items():
+            ok = str(length).isdigit() and isinstance(score, (int, float)) and not isinstance(score, bool)
+            if not ok or not 0.0 <= score <= 100.0:
+                raise ValueError(f"scores.{task}.{length}: expected an integer length and a score in 0-100, "
+                                 f"got {length!r}: {score!r}")
+            metrics.append(Metric(task=task, seq_len=int(length), metric="score", value=float(score), n=None,
+                                  stderr=None, flavor="lm-eval"))
+    if not metrics:
+        raise ValueError("scores: expected at least one task score, got none")
+    return RunRecord(natural_key=content_hash(obj), kind="ruler-json", source=source, model=obj["model"],
+                     checkpoint=None, model_hash=None, layout=None, git_sha=None, hylo_bench_version=None, device=None,
+                     config={k: v for k, v in obj.items() if k not in ("scores", "mean")},
+                     created_utc=_now(), metrics=metrics, train_log=[], points=[])
+
+
+def _manifest(obj: dict[str, Any], source: str) -> RunRecord:
+    for key in ("created_utc", "config"):
+        if key not in obj:
+            raise ValueError(f"{key}: missing key")
+    out = str((obj["config"] or {}).get("out") or Path(source).parent)
+    label = Path(out).name or out
+    rows = parse_manifest(obj, label, source)
+    train = [{k: r[k] for k in ("stage_index", "stage", "stage_kind", "stage_seq_len", "tokens_seen", "step", "loss",
+                                 "tokens")} for r in rows]
+    hcfg = obj.get("hybrid_config") or {}
+    header = _without(obj, _MANIFEST_GROWING)
+    return RunRecord(natural_key=content_hash(header), kind="upcycle", source=source, model=label,
+                     checkpoint=out, model_hash=None, layout=_layout(hcfg), git_sha=obj.get("git_sha"),
+                     hylo_bench_version=obj.get("hylo_bench_version"), device=obj.get("device"), config=header,
+                     created_utc=_iso(obj["created_utc"]), metrics=[], train_log=train, points=[])
+
+
+def _layout(hybrid_config: dict[str, Any]) -> str | None:
+    types = hybrid_config.get("layer_types")
+    if not isinstance(types, list) or not types:
+        return None
+    return "".join(f"{types.count(t)}{t.upper()}" for t in dict.fromkeys(types))
+
+
+def _benchmark(obj: dict[str, Any], source: str) -> RunRecord:
+    if not isinstance(obj["benchmark"], str) or not obj["benchmark"]:
+        raise ValueError(f"benchmark: expected a non-empty string, got {obj['benchmark']!r}")
+    records = obj["records"]
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError("records: expected a list of flat objects")
+    for i, rec in enumerate(records):
+        nested = [k for k, v in rec.items() if isinstance(v, (dict, list))]
+        if nested:
+            raise ValueError(f"records[{i}]: expected a flat record, but {nested} hold nested values")
+    created = _iso(obj["created_utc"]) if isinstance(obj.get("created_utc"), str) else _now()
+    points = [{"idx": i, "benchmark": obj["benchmark"], "record": rec} for i, rec in enumerate(records)]
+    return RunRecord(natural_key=content_hash(obj), kind="benchmark", source=source, model=obj["benchmark"],
+                     checkpoint=None, model_hash=None, layout=obj.get("student_layout"), git_sha=obj.get("git_sha"),
+                     hylo_bench_version=None, device=obj.get("device"), config=_without(obj, ("records",)),
+                     created_utc=created, metrics=[], train_log=[], points=points)
+
+
+def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
+    cfg = obj.get("config") or {}
+    n_samples = obj.get("n-samples") or {}
+    metrics = []
+    for task, res in obj["results"].items():
+        if not isinstance(res, dict):
+            raise ValueError(f"results.{task}: expected an object of metrics, got {type(res).__name__}")
+        n = (n_samples.get(task) or {}).get("effective")
+        for key, value in res.items():
+            name, _, filt = key.partition(",")
+            if not filt or "_stderr" in name or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            stderr = res.get(f"{name}_stderr,{filt}")
+            stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
+            scale = 100.0 if name in LM_EVAL_PERCENT_METRICS else 1.0
+            metrics.append(Metric(task=task, seq_len=None, metric=name if filt == "none" else f"{name},{filt}",
+                                  value=float(value) * scale, n=n if isinstance(n, int) else None,
+                                  stderr=None if stderr is None else stderr * scale, flavor="lm-eval"))
+    if not metrics:
+        raise ValueError("results: no numeric 'metric,filter' entries found")
+    model_args = str(cfg.get("model_args") or "")
+    args = dict(a.split("=", 1) for a in model_args.split(",") if "=" in a)
+    checkpoint = args.get("pretrained") or cfg.get("model_name")
+    model = obj.get("model_name") or checkpoint or str(cfg.get("model") or "")
+    if not model:
+        raise ValueError("model_name / config.model_args: cannot tell which model was evaluated")
+    date = obj.get("date")
+    created = datetime.fromtimestamp(date, timezone.utc).isoformat(timespec="seconds") \
+        if isinstance(date, (int, float)) else _now()
+    return RunRecord(natural_key=content_hash(obj), kind="lm-eval", source=source, model=str(model),
+                     checkpoint=None if checkpoint is None else str(checkpoint), model_hash=None, layout=None,
+                     git_sha=obj.get("git_hash"), hylo_bench_version=None,
+                     device=None if cfg.get("device") is None else str(cfg.get("device")),
+                     config={k: obj[k] for k in ("config", "versions", "n-shot", "n-samples") if k in obj},
+                     created_utc=created, metrics=metrics, train_log=[], points=[])
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+_PARSERS = {"ruler": _ruler_file, "ruler-json": _ruler_json, "upcycle": _manifest, "benchmark": _benchmark,
+            "lm-eval": _lm_eval}
+
+
+def parse_object(obj: Any, source: str) -> RunRecord:
+    """Detect the kind of ``obj`` and turn it into a :class:`RunRecord` (``source`` names it in the store).
+
+    Raises:
+        ValueError: unknown kind or invalid content; the message names the field (not the file).
+    """
+    kind = detect_kind(obj)
+    try:
+        return _PARSERS[kind](obj, source)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{kind} object: malformed ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{kind} object: {exc}") from None
+
+
+def parse_file(path: str | Path) -> RunRecord:
+    """Read and parse one results file.
+
+    Raises:
+        ValueError: ``"<path>: <reason>"`` for an unreadable file, invalid JSON (e.g. truncated), an unknown
+            format or invalid content.
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the file ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); the file may be truncated") from None
+    try:
+        return parse_object(obj, str(path))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

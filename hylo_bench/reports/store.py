@@ -1,0 +1,331 @@
+"""The results store: one SQL database (SQLite by default, any SQLAlchemy URL) of runs, metrics, training logs and
+benchmark points, with versioned schema migrations and transactional, idempotent writes.
+
+Scores are 0-100, context lengths in tokens. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from hylo_bench.reports.ingest import Metric, RunRecord, parse_file
+
+DB_ENV = "HYLO_BENCH_DB"
+DB_FILENAME = "hylo_bench.sqlite"
+
+
+def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
+    """The tables as they are at schema ``version`` (1 or 2), defined on ``md``."""
+    tables = {"schema_version": sa.Table(
+        "schema_version", md, sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("applied_utc", sa.String(40), nullable=False))}
+    tables["runs"] = sa.Table(
+        "runs", md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("natural_key", sa.String(64), nullable=False, unique=True),  # content hash of the source object
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("source", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=False),  # as typed / as named in the source
+        sa.Column("checkpoint", sa.Text),  # path or hub id
+        sa.Column("model_hash", sa.String(128)),  # content hash of the checkpoint
+        sa.Column("layout", sa.String(128)),
+        sa.Column("git_sha", sa.String(64)),
+        sa.Column("hylo_bench_version", sa.String(32)),
+        sa.Column("device", sa.Text),
+        sa.Column("config_json", sa.Text, nullable=False),
+        sa.Column("created_utc", sa.String(40), nullable=False),
+        sa.Column("imported_utc", sa.String(40), nullable=False),
+    )
+    extra = [sa.Column("extra_json", sa.Text)] if version >= 2 else []
+    tables["metrics"] = sa.Table(
+        "metrics", md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+        sa.Column("task", sa.Text, nullable=False),
+        sa.Column("seq_len", sa.Integer),  # tokens; NULL when the metric has no context length
+        sa.Column("metric", sa.Text, nullable=False),
+        sa.Column("value", sa.Float, nullable=False),
+        sa.Column("n", sa.Integer),
+        sa.Column("stderr", sa.Float),
+        sa.Column("flavor", sa.Text),
+        *extra,
+    )
+    if version < 2:
+        return tables
+    tables["train_log"] = sa.Table(
+        "train_log", md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+        sa.Column("stage_index", sa.Integer, nullable=False),
+        sa.Column("stage", sa.Text, nullable=False),
+        sa.Column("stage_kind", sa.Text, nullable=False),
+        sa.Column("stage_seq_len", sa.Integer, nullable=False),
+        sa.Column("tokens_seen", sa.BigInteger, nullable=False),
+        sa.Column("step", sa.Integer, nullable=False),
+        sa.Column("loss", sa.Float, nullable=False),
+        sa.Column("tokens", sa.BigInteger, nullable=False),
+    )
+    tables["points"] = sa.Table(
+        "points", md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+        sa.Column("idx", sa.Integer, nullable=False),
+        sa.Column("benchmark", sa.Text, nullable=False),
+        sa.Column("record_json", sa.Text, nullable=False),  # one flat benchmark / sweep record
+    )
+    return tables
+
+
+def _migrate_1(conn: Connection) -> None:
+    """Version 1: ``schema_version``, ``runs`` and ``metrics``."""
+    md = sa.MetaData()
+    _define_tables(md, 1)
+    md.create_all(conn)
+
+
+def _migrate_2(conn: Connection) -> None:
+    """Version 2: per-record extras on metrics (RULER nulls, prompt lengths), training logs, benchmark points."""
+    conn.execute(sa.text("ALTER TABLE metrics ADD COLUMN extra_json TEXT"))
+    md = sa.MetaData()
+    tables = _define_tables(md, 2)
+    md.create_all(conn, tables=[tables["train_log"], tables["points"]])
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2}
+SCHEMA_VERSION = max(MIGRATIONS)
+# The current schema, for queries; tables are only ever created by the migrations.
+metadata = sa.MetaData()
+_CURRENT = _define_tables(metadata, SCHEMA_VERSION)
+schema_version, runs, metrics = _CURRENT["schema_version"], _CURRENT["runs"], _CURRENT["metrics"]
+train_log, points = _CURRENT["train_log"], _CURRENT["points"]
+TABLES = ("runs", "metrics", "train_log", "points")
+
+
+def resolve_url(db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> str:
+    """The SQLAlchemy URL of the store.
+
+    Precedence: ``db`` (a URL such as ``postgresql://...`` or a file path), then the ``HYLO_BENCH_DB`` environment
+    variable (URL or path), then ``<results_dir>/hylo_bench.sqlite``.
+    """
+    chosen = db if db is not None else os.environ.get(DB_ENV) or Path(results_dir) / DB_FILENAME
+    text = str(chosen)
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+def current_version(conn: Connection) -> int:
+    """Schema version of the database (0 when empty)."""
+    if not sa.inspect(conn).has_table("schema_version"):
+        if sa.inspect(conn).has_table("runs"):
+            raise ValueError("the database has a 'runs' table but no 'schema_version'; it was not made by hylo-bench")
+        return 0
+    return conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0
+
+
+def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations after the database's version up to ``target``, each in its own transaction.
+
+    Returns:
+        The version after migrating.
+
+    Raises:
+        ValueError: the database is newer than this hylo-bench (upgrade hylo-bench), or not a hylo-bench store.
+    """
+    with engine.begin() as conn:
+        version = current_version(conn)
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"the results store has schema version {version}, this hylo-bench knows up to "
+                         f"{SCHEMA_VERSION}; upgrade hylo-bench")
+    for number in range(version + 1, target + 1):
+        with engine.begin() as conn:
+            MIGRATIONS[number](conn)
+            conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+    return max(version, target)
+
+
+def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *, create: bool = True) -> Engine:
+    """Connect to the store (see :func:`resolve_url`) and migrate it to the current schema.
+
+    Args:
+        create: Create a missing SQLite file (and its folder); when False a missing file is an error.
+
+    Raises:
+        ValueError: the SQLite file is missing (``create=False``), the URL cannot be used (bad scheme or missing
+            driver), or the schema is newer than this code.
+    """
+    url = resolve_url(db, results_dir)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url[len("sqlite:///"):])
+        if not create and not path.is_file():
+            raise ValueError(f"no results store at {path}; pass --db, set {DB_ENV}, or `hylo-bench import` results")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = sa.create_engine(url)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+        raise ValueError(f"results store URL {url!r}: {exc}; use a file path or e.g. sqlite:///results.sqlite, "
+                         f"postgresql://user@host/db") from None
+    migrate(engine)
+    return engine
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SaveOutcome:
+    """What one :class:`RunRecord` did to the store. ``status`` is ``new``, ``extended`` or ``unchanged``."""
+
+    source: str
+    run_id: int
+    status: str
+    num_metrics: int
+    num_train_rows: int
+    num_points: int
+
+
+def save_runs(engine: Engine, records: Iterable[RunRecord]) -> list[SaveOutcome]:
+    """Write runs in ONE transaction: either every record is stored or (on any error) nothing is.
+
+    A run whose ``natural_key`` is already stored is not duplicated; metrics and training-log rows it lacks are
+    added (a RULER file or manifest that grew since the last import), rows already stored are skipped.
+
+    Raises:
+        ValueError: a record holds a different value for a metric or logged step already stored for the same run
+            (the store is append-only); names the source, the row and both values.
+    """
+    with engine.begin() as conn:
+        return [_save_one(conn, rec) for rec in records]
+
+
+def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
+    run_id = conn.execute(sa.select(runs.c.id).where(runs.c.natural_key == rec.natural_key)).scalar()
+    is_new = run_id is None
+    if is_new:
+        run_id = conn.execute(runs.insert().values(
+            natural_key=rec.natural_key, kind=rec.kind, source=rec.source, model=rec.model, checkpoint=rec.checkpoint,
+            model_hash=rec.model_hash, layout=rec.layout, git_sha=rec.git_sha,
+            hylo_bench_version=rec.hylo_bench_version, device=rec.device,
+            config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=_now(),
+        )).inserted_primary_key[0]  # fmt: skip
+    stored = {(r.task, r.seq_len, r.metric): r.value for r in conn.execute(
+        sa.select(metrics.c.task, metrics.c.seq_len, metrics.c.metric, metrics.c.value).where(
+            metrics.c.run_id == run_id))}
+    new_metrics = []
+    for m in rec.metrics:
+        key = (m.task, m.seq_len, m.metric)
+        if key in stored:
+            if stored[key] != m.value:
+                raise ValueError(f"{rec.source}: run {run_id} already stores {key} = {stored[key]!r}, the file says "
+                                 f"{m.value!r}; results are append-only, so write the new result as a new run")
+            continue
+        stored[key] = m.value
+        new_metrics.append(_metric_row(run_id, m))
+    if new_metrics:
+        conn.execute(metrics.insert(), new_metrics)
+    logged = {(r.stage_index, r.step): r.loss for r in conn.execute(
+        sa.select(train_log.c.stage_index, train_log.c.step, train_log.c.loss).where(train_log.c.run_id == run_id))}
+    new_train = [row | {"run_id": run_id} for row in rec.train_log if (row["stage_index"], row["step"]) not in logged]
+    if new_train:
+        conn.execute(train_log.insert(), new_train)
+    new_points = [{"run_id": run_id, "idx": p["idx"], "benchmark": p["benchmark"],
+                   "record_json": json.dumps(p["record"])} for p in rec.points] if is_new else []  # fmt: skip
+    if new_points:
+        conn.execute(points.insert(), new_points)
+    changed = new_metrics or new_train or new_points
+    status = "new" if is_new else ("extended" if changed else "unchanged")
+    return SaveOutcome(source=rec.source, run_id=run_id, status=status, num_metrics=len(new_metrics),
+                       num_train_rows=len(new_train), num_points=len(new_points))
+
+
+def import_files(engine: Engine, paths: Iterable[str | Path]) -> list[SaveOutcome]:
+    """Parse every file first, then store them all in one transaction (all-or-nothing for the whole call).
+
+    Raises:
+        ValueError: ``"<file>: <reason>"`` for the first file that cannot be read, is not valid JSON, has an
+            unknown format or invalid content, or conflicts with the store; nothing is written then.
+    """
+    records = [parse_file(p) for p in paths]
+    if not records:
+        raise ValueError("no files given; pass one or more results JSON files")
+    return save_runs(engine, records)
+
+
+def _metric_row(run_id: int, m: Metric) -> dict[str, Any]:
+    return {"run_id": run_id, "task": m.task, "seq_len": m.seq_len, "metric": m.metric, "value": m.value, "n": m.n,
+            "stderr": m.stderr, "flavor": m.flavor, "extra_json": None if m.extra is None else json.dumps(m.extra)}
+
+
+def table_counts(engine: Engine) -> dict[str, int]:
+    """Row count of each data table (``runs``, ``metrics``, ``train_log``, ``points``)."""
+    with engine.connect() as conn:
+        return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
+                for t in (runs, metrics, train_log, points)}
+
+
+def runs_frame(engine: Engine) -> pd.DataFrame:
+    """All runs, one row each (columns of the ``runs`` table, ``config_json`` as text), ordered by id."""
+    with engine.connect() as conn:
+        return pd.read_sql(sa.select(runs).order_by(runs.c.id), conn)
+
+
+def metrics_frame(engine: Engine, run_ids: list[int] | None = None) -> pd.DataFrame:
+    """Metrics joined with their run's ``model``, ``kind``, ``created_utc`` and ``source``.
+
+    Args:
+        run_ids: Only these runs (all runs when ``None``).
+    """
+    query = sa.select(metrics, runs.c.model, runs.c.kind, runs.c.created_utc, runs.c.source).join(runs)
+    if run_ids is not None:
+        query = query.where(metrics.c.run_id.in_(run_ids))
+    with engine.connect() as conn:
+        df = pd.read_sql(query.order_by(metrics.c.id), conn)
+    df["seq_len"] = df["seq_len"].astype("Int64")
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def train_log_frame(engine: Engine) -> pd.DataFrame:
+    """Training-loss rows with the columns of ``results.LOSS_COLUMNS`` (``run`` = the run's model label)."""
+    query = sa.select(train_log, runs.c.model.label("run"), runs.c.source.label("manifest_file")).join(runs)
+    with engine.connect() as conn:
+        df = pd.read_sql(query.order_by(train_log.c.run_id, train_log.c.stage_index, train_log.c.step), conn)
+    return df.drop(columns=["id", "run_id"])
+
+
+def points_frame(engine: Engine) -> pd.DataFrame:
+    """Benchmark / sweep points: one row per record, its fields as columns plus ``run_id`` and ``benchmark``."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(points).order_by(points.c.run_id, points.c.idx)).all()
+    return pd.DataFrame([{"run_id": r.run_id, "benchmark": r.benchmark} | json.loads(r.record_json) for r in rows])
+
+
+def ruler_rows(engine: Engine) -> list[dict[str, Any]]:
+    """RULER rows of every stored RULER results file, in the shape of ``results.parse_ruler_run`` output."""
+    query = sa.select(metrics, runs.c.config_json, runs.c.source).join(runs).where(runs.c.kind == "ruler")
+    with engine.connect() as conn:
+        stored = conn.execute(query.order_by(metrics.c.id)).all()
+    out, headers = [], {}
+    for r in stored:
+        header = headers.setdefault(r.run_id, json.loads(r.config_json))
+        model = header["model"]
+        out.append({
+            "model": model["name"], "model_layout": model["layout"], "model_kind": model["kind"],
+            "model_hash": model["hash"], "model_path": model["path"], "task": r.task, "seq_len": r.seq_len,
+            "score": r.value, "n": r.n, **json.loads(r.extra_json or "{}"),
+            "samples_per_task": header["samples_per_task"], "chat_template": header["chat_template"],
+            "flavor": r.flavor, "tokenizer_hash": header["tokenizer_hash"], "git_sha": header["git_sha"],
+            "hylo_bench_version": header["hylo_bench_version"], "created_utc": header["created_utc"],
+            "run_file": r.source,
+        })  # fmt: skip
+    return out
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
