@@ -246,7 +246,7 @@ def compare(
     threshold: float = typer.Option(1.0, "--threshold", help="Regression threshold in score points (0-100)."),
     md: Optional[Path] = typer.Option(None, "--md", help="Write the Markdown report (CI comment) here."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here."),
-    paper: Optional[Path] = typer.Option(None, "--paper", help="hylo_paper_tables.json (default: shared/paper)."),
+    paper: Optional[Path] = typer.Option(None, "--paper", help="hylo_paper_tables.json (default: the shipped copy)."),
 ) -> None:
     """Per-metric deltas CAND - BASE with 95 % CIs; exit 1 if any metric regresses beyond the threshold and CI."""
     from hylo_bench.reports import compare as C, store

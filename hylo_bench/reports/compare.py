@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +17,9 @@ from sqlalchemy.engine import Engine
 
 from hylo_bench.io_utils import atomic_write_text
 from hylo_bench.reports import store
+from hylo_bench.reports.paper import PAPER_TABLES, load_paper_tables, paper_tables_path
 
 Z_95 = 1.959963984540054
-PAPER_ENV = "HYLO_BENCH_PAPER_TABLES"
-PAPER_TABLES = ("table2_llama3.2-1B", "table3_llama3.2-3B", "table4_qwen3-1.7B")
 RULER_MEAN_TASK = "ruler_mean"
 # Paper column -> (task, seq_len, metric) in the store's naming. The paper does not say acc vs acc_norm or which
 # GSM8K filter it reports; lm-eval's plain "acc" and "exact_match,strict-match" are assumed.
@@ -63,10 +60,8 @@ class Comparison:
 
 
 def default_paper_path() -> Path:
-    """``$HYLO_BENCH_PAPER_TABLES``, else ``shared/paper/hylo_paper_tables.json`` next to the checkout."""
-    if os.environ.get(PAPER_ENV):
-        return Path(os.environ[PAPER_ENV])
-    return Path(__file__).resolve().parents[3] / "shared" / "paper" / "hylo_paper_tables.json"
+    """``$HYLO_BENCH_PAPER_TABLES``, else the copy shipped in the package (see ``paper.paper_tables_path``)."""
+    return paper_tables_path()
 
 
 def paper_side(spec: str, paper_path: str | Path | None = None) -> Side:
@@ -75,10 +70,7 @@ def paper_side(spec: str, paper_path: str | Path | None = None) -> Side:
     Raises:
         ValueError: the tables file is missing, or the model matches no row or several rows (lists the choices).
     """
-    path = Path(paper_path) if paper_path is not None else default_paper_path()
-    if not path.is_file():
-        raise ValueError(f"paper tables {path} not found; set {PAPER_ENV} to hylo_paper_tables.json")
-    tables = json.loads(path.read_text(encoding="utf-8"))
+    tables = load_paper_tables(paper_path)
     name, _, ctx = spec.partition("@")
     rows = [(t, r) for t in PAPER_TABLES for r in tables.get(t, []) if r["model"] == name]
     if ctx:
