@@ -204,16 +204,20 @@ def report(
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output"),
     title: Optional[str] = typer.Option(None, "--title"),
-    db: Optional[str] = typer.Option(None, "--db", help="Read from this results store (path or SQLAlchemy URL)."),
+    db: Optional[str] = typer.Option(None, "--db", help="Full report from this results store (path / URL)."),
+    models: Optional[str] = typer.Option(None, "--models", help="With --db: only these models, e.g. A,B."),
+    images: Optional[Path] = typer.Option(None, "--images", help="With --db: also write PNG/SVG figures and "
+                                          "CSV/Markdown tables into this folder (PNG/SVG need kaleido + Chromium)."),
 ) -> None:
     """Write one self-contained HTML report from a results directory or the results store."""
     from hylo_bench.reports import build_report
 
     try:
-        path = build_report(results_dir, output, title=title, db=db)
+        path = build_report(results_dir, output, title=title, db=db, images_dir=images,
+                            models=[m for m in models.split(",") if m] if models else None)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
-    console.print(f"[green]report written to {path}[/]")
+    console.print(f"[green]report written to {path}[/]" + (f"; figures and tables in {images}" if images else ""))
 
 
 _DB_HELP = "Results store: a file path or SQLAlchemy URL (default: $HYLO_BENCH_DB, else RESULTS_DIR/hylo_bench.sqlite)."

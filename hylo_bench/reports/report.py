@@ -20,9 +20,7 @@ import plotly.offline
 
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_text
-from hylo_bench.reports.results import (
-    LOSS_COLUMNS, load_manifests, load_results, models_table, results_frame, ruler_means, task_tables,
-)
+from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
 
 _TEMPLATE = "plotly_white"
 _CSS = """
@@ -223,22 +221,6 @@ def write_tables(df: pd.DataFrame, tables_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _load_store(db: str | Path, results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """RULER rows and training losses from the results store, in the frames of :func:`load_results` and
-    :func:`load_manifests`; the third value names the store (URL without password)."""
-    from hylo_bench.reports import store
-
-    engine = store.open_store(db, results_dir, create=False)
-    url = engine.url.render_as_string(hide_password=True)
-    rows = store.ruler_rows(engine)
-    if not rows:
-        raise ValueError(f"no RULER results in the store {url}; run `hylo-bench import FILE...` first")
-    df = results_frame(rows, skipped=[])
-    losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
-    losses.attrs["skipped"] = []
-    return df, losses, url
-
-
 def build_report(
     results_dir: str | Path,
     out_html: str | Path,
@@ -247,6 +229,8 @@ def build_report(
     strict: bool = False,
     tables_dir: str | Path | None = None,
     db: str | Path | None = None,
+    models: list[str] | None = None,
+    images_dir: str | Path | None = None,
 ) -> Path:
     """Build one self-contained HTML report (opens offline) from every result file under ``results_dir``, or from
     the results store when ``db`` is given.
@@ -260,8 +244,11 @@ def build_report(
         title: Page title; defaults to ``"hylo-bench report: <results_dir name>"``.
         strict: Raise on a malformed result file instead of skipping it with a warning (listed in the report).
         tables_dir: If given, also write every table as CSV there (see :func:`write_tables`).
-        db: Read RULER runs and training logs from this results store (path or SQLAlchemy URL, see
-            ``store.resolve_url``) instead of scanning ``results_dir``.
+        db: Build the full report from this results store (path or SQLAlchemy URL, see ``store.resolve_url``)
+            instead of scanning ``results_dir``: adds Figure 1, the paper's rows, commonsense, serving sweep and
+            training sections (see ``store_report``).
+        models: With ``db``: only these model names.
+        images_dir: With ``db``: also export every figure as PNG/SVG and every table as CSV/Markdown there.
 
     Returns:
         The path of the written HTML file.
@@ -271,12 +258,15 @@ def build_report(
     """
     results_dir, out_html = Path(results_dir), Path(out_html)
     if db is not None:
-        df, losses, source = _load_store(db, results_dir)
-    else:
-        df, losses, source = load_results(results_dir, strict=strict), load_manifests(results_dir, strict=strict), ""
+        from hylo_bench.reports.store_report import build_store_report
+
+        return build_store_report(db, results_dir, out_html, title=title, models=models, images_dir=images_dir)[0]
+    if models or images_dir is not None:
+        raise ValueError("--models and --images need the results store: pass --db")
+    df, losses = load_results(results_dir, strict=strict), load_manifests(results_dir, strict=strict)
     skipped = df.attrs["skipped"] + losses.attrs["skipped"]
-    title = title or f"hylo-bench report: {results_dir.resolve().name if db is None else 'results store'}"
-    source = source or str(results_dir)
+    title = title or f"hylo-bench report: {results_dir.resolve().name}"
+    source = str(results_dir)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     meta = (f"{df['model'].nunique()} model(s), {df['run_file'].nunique()} run file(s), "
             f"{len(skipped)} skipped; generated {now} by hylo-bench {__version__} from "

@@ -233,7 +233,7 @@ def test_report_from_store_matches_report_from_files(files: dict[str, Path], tmp
 def test_report_from_an_empty_or_missing_store_is_a_clear_error(tmp_path: Path):
     store.open_store(tmp_path / "empty.sqlite")
     result = invoke("report", "--db", str(tmp_path / "empty.sqlite"), "-o", str(tmp_path / "r.html"))
-    assert result.exit_code == 2 and "no RULER results in the store" in plain(result.output)
+    assert result.exit_code == 2 and "no results in the store" in plain(result.output)
     result = invoke("compare", "a", "b", "--db", str(tmp_path / "missing.sqlite"))
     assert result.exit_code == 2 and f"no results store at {tmp_path / 'missing.sqlite'}" in plain(result.output)
     assert not (tmp_path / "missing.sqlite").exists()

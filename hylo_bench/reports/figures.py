@@ -1,0 +1,189 @@
+"""Plotly figures and tables of the store report: the paper's Figure 1, RULER vs length with the paper's rows,
+the commonsense table, the serving sweep in the shape of the paper's Figure 5, and training curves.
+
+Builders take tidy frames (see ``store_report``) and return figures whose trace data are the stored values.
+Scores are 0-100, lengths in tokens, memory in GiB, times in seconds. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from hylo_bench.reports.paper import COMMONSENSE_COLUMNS, RULER_COLUMNS
+from hylo_bench.reports.report import _TEMPLATE, _label, _length_axis, format_tokens, mean_figure
+
+FIGURE1_LENGTHS = tuple(RULER_COLUMNS.values())  # 8K, 16K, 32K, 64K
+# Paper column -> lm-eval task, in the paper's column order; the 7-task average is the paper's "Avg".
+COMMONSENSE_TASKS = dict(zip(COMMONSENSE_COLUMNS, (
+    "arc_challenge", "arc_easy", "hellaswag", "openbookqa", "piqa", "race", "winogrande")))  # fmt: skip
+# Serving panels (record field, axis title), in the layout of the paper's Figure 5 (memory on top, speed below).
+SERVING_PANELS = (
+    ("kv_cache_gib", "KV cache (GiB)"), ("peak_memory_gib", "peak memory (GiB)"),
+    ("ttft_s", "TTFT (s)"), ("tokens_per_s", "decode tokens/s"),
+)  # fmt: skip
+_PAPER_STYLE = {"hylo": ("#d62728", "diamond"), "baseline": ("#7f7f7f", "circle-open")}
+
+
+def paper_label(row: pd.Series) -> str:
+    """``HyLo-Llama-4MLA12GDN@64K`` for a HyLo row, the model name for a baseline (no training context)."""
+    ctx = row.get("train_ctx")
+    return f"{row['model']}@{ctx}" if isinstance(ctx, str) and ctx else str(row["model"])
+
+
+def figure1_points(ruler_means: pd.DataFrame, gsm8k: pd.Series) -> tuple[pd.DataFrame, list[str]]:
+    """Our Figure 1 points: GSM8K and the mean of the per-length RULER means at 8K, 16K, 32K and 64K.
+
+    Args:
+        ruler_means: Columns ``model, seq_len, score`` (output of ``results.ruler_means``).
+        gsm8k: GSM8K score (0-100) indexed by model.
+
+    Returns:
+        ``(points, notes)``: points has columns ``model, gsm8k, ruler_mean``; notes say why a model with only
+        part of the data is left out.
+    """
+    rows, notes = [], []
+    models = sorted(set(ruler_means["model"]) | set(gsm8k.index))
+    for model in models:
+        have = ruler_means[ruler_means["model"] == model].set_index("seq_len")["score"]
+        missing = [format_tokens(n) for n in FIGURE1_LENGTHS if n not in have.index]
+        if model not in gsm8k.index or missing:
+            why = ([f"RULER at {', '.join(missing)}"] if missing else []) + ([] if model in gsm8k.index else ["GSM8K"])
+            notes.append(f"{model}: no {' and no '.join(why)}")
+            continue
+        mean = math.fsum(have.loc[n] for n in FIGURE1_LENGTHS) / len(FIGURE1_LENGTHS)
+        rows.append({"model": model, "gsm8k": float(gsm8k.loc[model]), "ruler_mean": mean})
+    return pd.DataFrame(rows, columns=["model", "gsm8k", "ruler_mean"]), notes
+
+
+def figure1(points: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
+    """GSM8K vs mean RULER over 8K-64K: one point per checkpoint, the paper's Tables 2-4 rows overlaid, labelled.
+
+    Args:
+        points: Output of :func:`figure1_points`.
+        paper: Output of ``paper.paper_frame`` (its ``ruler_mean`` is the mean of R8K..R64K).
+    """
+    fig = go.Figure()
+    for group, part in paper.dropna(subset=["ruler_mean", "GSM8K"]).groupby("group", sort=False):
+        color, symbol = _PAPER_STYLE.get(group, ("#7f7f7f", "circle"))
+        labels = [paper_label(r) for _, r in part.iterrows()]
+        fig.add_trace(go.Scatter(
+            x=part["ruler_mean"].tolist(), y=part["GSM8K"].tolist(), text=labels, mode="markers+text",
+            textposition="top center", textfont={"size": 9, "color": color}, marker={"color": color, "symbol": symbol},
+            name=f"paper: {'HyLo' if group == 'hylo' else 'baselines'}",
+            meta={"source": "paper", "group": group, "labels": labels},
+            hovertemplate="%{text}: RULER %{x:.2f}, GSM8K %{y:.1f}<extra>paper</extra>",
+        ))  # fmt: skip
+    for r in points.itertuples():
+        fig.add_trace(go.Scatter(
+            x=[r.ruler_mean], y=[r.gsm8k], text=[_label(r.model)], mode="markers+text", textposition="bottom center",
+            marker={"size": 14, "symbol": "star"}, name=_label(r.model), meta={"source": "store", "model": r.model},
+            hovertemplate="%{text}: RULER %{x:.2f}, GSM8K %{y:.2f}<extra></extra>",
+        ))  # fmt: skip
+    fig.update_layout(
+        template=_TEMPLATE, title={"text": "Figure 1: GSM8K vs mean RULER over 8K-64K"}, height=560,
+        xaxis={"title": {"text": "mean RULER score, 8K/16K/32K/64K (0-100)"}},
+        yaxis={"title": {"text": "GSM8K (0-100)"}},
+    )
+    return fig
+
+
+def ruler_length_figure(df: pd.DataFrame, matches: dict[str, pd.Series]) -> go.Figure:
+    """RULER mean vs context length per checkpoint (see ``report.mean_figure``) plus, dashed, the paper's RULER
+    row (R8K..R64K) of each checkpoint that matches a released model by name.
+
+    Args:
+        df: RULER rows (``results.results_frame`` output).
+        matches: Stored model name -> its paper row (``paper.match_paper_row``).
+    """
+    fig = mean_figure(df)
+    lengths = {int(n) for n in df["seq_len"].unique()}
+    for model, row in sorted(matches.items()):
+        cols = [c for c in RULER_COLUMNS if row.get(c) is not None and not pd.isna(row.get(c))]
+        fig.add_trace(go.Scatter(
+            x=[RULER_COLUMNS[c] for c in cols], y=[float(row[c]) for c in cols], mode="lines+markers",
+            line={"dash": "dash"}, marker={"symbol": "diamond-open"}, name=_label(f"paper: {paper_label(row)}"),
+            meta={"source": "paper", "model": model, "paper_model": paper_label(row)},
+            hovertemplate="%{x} tokens: %{y:.1f} (paper)",
+        ))  # fmt: skip
+        lengths |= {RULER_COLUMNS[c] for c in cols}
+    fig.update_layout(xaxis=_length_axis(sorted(lengths)), title={"text": "RULER mean score vs context length"})
+    return fig
+
+
+def commonsense_table(scores: pd.DataFrame, matches: dict[str, pd.Series], metric: str) -> pd.DataFrame:
+    """Commonsense accuracy (0-100) per checkpoint, the 7-task average, and GSM8K; matched paper rows beside ours.
+
+    Args:
+        scores: Columns ``model, task, value`` for the commonsense tasks and ``gsm8k`` (one metric each).
+        matches: Stored model name -> its paper row.
+        metric: Name of the stored metric, for the row's ``metric`` column.
+
+    Returns:
+        One row per checkpoint (``source`` = "store") followed by its paper row (``source`` = "paper"), columns
+        ``model, source, <7 tasks>, avg_7, gsm8k``; ``avg_7`` is NaN unless all 7 tasks are present.
+    """
+    tasks = list(COMMONSENSE_TASKS.values())
+    wide = scores.pivot(index="model", columns="task", values="value").reindex(columns=tasks + ["gsm8k"])
+    rows = []
+    for model, values in wide.iterrows():
+        row = {"model": model, "source": "store", "metric": metric, **values.to_dict()}
+        rows.append(row | {"avg_7": _mean_all([row[t] for t in tasks])})
+        if model in matches:
+            p = matches[model]
+            paper = {"model": f"paper: {paper_label(p)}", "source": "paper", "metric": "as printed",
+                     "gsm8k": p.get("GSM8K")} | {t: p.get(c) for c, t in COMMONSENSE_TASKS.items()}  # fmt: skip
+            rows.append(paper | {"avg_7": _mean_all([paper[t] for t in tasks])})
+    cols = ["model", "source", "metric", *tasks, "avg_7", "gsm8k"]
+    return pd.DataFrame(rows, columns=cols).astype({c: float for c in (*tasks, "avg_7", "gsm8k")})
+
+
+def _mean_all(values: list[Any]) -> float:
+    if any(v is None or pd.isna(v) for v in values):
+        return math.nan
+    return math.fsum(values) / len(values)
+
+
+def serving_figure(points: pd.DataFrame) -> go.Figure:
+    """KV cache and peak memory (top), TTFT and decode tokens/s (bottom) vs context length, one colour per model;
+    out-of-memory lengths are drawn as red crosses on the top edge of each panel (no measured value).
+
+    Args:
+        points: Columns ``model, seq_len, status`` (``ok`` or ``oom``) and the fields of :data:`SERVING_PANELS`.
+    """
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in SERVING_PANELS], horizontal_spacing=0.1)
+    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    models = sorted(points["model"].unique())
+    ok, oom = points[points["status"] != "oom"], points[points["status"] == "oom"]
+    for i, (field, title) in enumerate(SERVING_PANELS):
+        pos = {"row": i // 2 + 1, "col": i % 2 + 1}
+        values = ok.dropna(subset=[field]) if field in ok else ok.iloc[:0]
+        top = float(values[field].max()) * 1.08 if not values.empty else 1.0
+        for j, model in enumerate(models):
+            color = palette[j % len(palette)]
+            part = values[values["model"] == model].sort_values("seq_len")
+            fig.add_trace(go.Scatter(
+                x=part["seq_len"].tolist(), y=part[field].tolist() if field in part else [], mode="lines+markers",
+                name=_label(model), legendgroup=model, showlegend=i == 0, line={"color": color},
+                meta={"model": model, "field": field, "status": "ok"}, hovertemplate=f"%{{x}} tokens: %{{y:.4g}}",
+            ), **pos)  # fmt: skip
+            failed = oom[oom["model"] == model].sort_values("seq_len")
+            if not failed.empty:
+                n = len(failed)
+                fig.add_trace(go.Scatter(
+                    x=failed["seq_len"].tolist(), y=[top] * n, text=["OOM"] * n, mode="markers+text",
+                    textposition="bottom center", marker={"symbol": "x", "size": 12, "color": "#d62728"},
+                    name=_label(f"{model} OOM"), legendgroup=model, showlegend=False,
+                    meta={"model": model, "field": field, "status": "oom"},
+                    hovertemplate=f"{_label(model)}: OOM at %{{x}} tokens<extra></extra>",
+                ), **pos)  # fmt: skip
+        fig.update_yaxes(title_text=title, rangemode="tozero", **pos)
+    lengths = sorted(int(n) for n in points["seq_len"].unique())
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[format_tokens(n) for n in lengths],
+                     title_text="context length (tokens)")  # fmt: skip
+    fig.update_layout(template=_TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"})
+    return fig

@@ -1,0 +1,266 @@
+"""The full report from the results store: Figure 1, RULER vs length and per task, commonsense table, serving
+sweep (Figure 5 shape) and training curves; sections without data say so. Optional PNG/SVG/CSV/Markdown export.
+
+Scores are 0-100, lengths in tokens. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import logging
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.offline
+
+from hylo_bench import __version__
+from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.reports import figures as F
+from hylo_bench.reports import store
+from hylo_bench.reports.compare import PAPER_COLUMNS
+from hylo_bench.reports.paper import load_paper_tables, match_paper_row, paper_frame
+from hylo_bench.reports.report import (
+    _CSS, _LOADER, _figure_html, _scores_table_html, _text_table_html, format_tokens, loss_figure, task_figures,
+)
+from hylo_bench.reports.results import (
+    LOSS_COLUMNS, RESULT_COLUMNS, models_table, results_frame, ruler_means, task_tables,
+)
+
+logger = logging.getLogger(__name__)
+
+RULER_KINDS = ("ruler", "ruler-json")
+SERVING_FIELDS = ("kv_cache_gib", "ttft_s")  # a benchmark record with either is a serving point
+COMMONSENSE_METRIC = PAPER_COLUMNS["ARC"][2]
+GSM8K_METRIC = PAPER_COLUMNS["GSM8K"][2]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class StoreData:
+    """What the report draws, read from the store (latest value per model, task, length and metric)."""
+
+    ruler: pd.DataFrame  # results.RESULT_COLUMNS
+    metrics: pd.DataFrame  # store.metrics_frame columns, latest per (model, task, seq_len, metric)
+    losses: pd.DataFrame  # results.LOSS_COLUMNS
+    points: pd.DataFrame  # serving points: model, seq_len, status, SERVING_PANELS fields, benchmark, run_id
+    other_points: list[str]  # benchmarks whose records are not serving points (not drawn)
+    source: str
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Report:
+    """A built report: the page, and every figure and table in it (keyed by their ids / file stems)."""
+
+    html: str
+    figures: dict[str, go.Figure]
+    tables: dict[str, pd.DataFrame]
+
+
+def load_store(engine, models: list[str] | None = None) -> StoreData:
+    """Read everything the report needs; ``models`` keeps only those names (RULER, lm-eval, sweep, training).
+
+    Raises:
+        ValueError: the store is empty, or a name in ``models`` is not stored (lists the stored names).
+    """
+    url = engine.url.render_as_string(hide_password=True)
+    runs = store.runs_frame(engine)
+    if runs.empty:
+        raise ValueError(f"no results in the store {url}; run `hylo-bench import FILE...` first")
+    metrics = store.metrics_frame(engine)
+    metrics = metrics.sort_values(["created_utc", "run_id"], kind="stable")
+    metrics = metrics.drop_duplicates(["model", "task", "seq_len", "metric"], keep="last")
+    losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
+    points, other = _points(store.points_frame(engine), runs)
+    ruler = _ruler_frame(engine, metrics)
+    if models:
+        known = set(runs["model"]) | set(points["model"])
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise ValueError(f"--models: {', '.join(unknown)} not in the store; stored: {', '.join(sorted(known))}")
+        ruler, metrics = ruler[ruler["model"].isin(models)], metrics[metrics["model"].isin(models)]
+        losses, points = losses[losses["run"].isin(models)], points[points["model"].isin(models)]
+    return StoreData(ruler=ruler, metrics=metrics, losses=losses, points=points, other_points=other, source=url)
+
+
+def _ruler_frame(engine, metrics: pd.DataFrame) -> pd.DataFrame:
+    rows = store.ruler_rows(engine)
+    json_rows = metrics[(metrics["kind"] == "ruler-json") & (metrics["metric"] == "score")]
+    rows += [{"model": r.model, "task": r.task, "seq_len": int(r.seq_len), "score": r.value, "n": r.n,
+              "created_utc": r.created_utc, "run_file": r.source} for r in json_rows.itertuples()]  # fmt: skip
+    return results_frame(rows, skipped=[]).reindex(columns=RESULT_COLUMNS)
+
+
+def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    cols = ["model", "seq_len", "status", *(f for f, _ in F.SERVING_PANELS), "benchmark", "run_id"]
+    if df.empty:
+        return pd.DataFrame(columns=cols), []
+    serving = df[[f for f in SERVING_FIELDS if f in df]].notna().any(axis=1) if any(f in df for f in SERVING_FIELDS) \
+        else pd.Series(False, index=df.index)
+    other = sorted(df.loc[~serving, "benchmark"].unique())
+    df = df[serving & df.get("seq_len", pd.Series(index=df.index)).notna()].copy()
+    names = runs.set_index("id")["model"]
+    label = df["model"] if "model" in df else pd.Series(None, index=df.index, dtype=object)
+    df["model"] = label.where(label.notna(), df["run_id"].map(names))
+    df["status"] = df["status"].fillna("ok") if "status" in df else "ok"
+    df = df.reindex(columns=cols).sort_values(["run_id"], kind="stable")
+    df = df.drop_duplicates(["model", "seq_len"], keep="last").sort_values(["model", "seq_len"]).reset_index(drop=True)
+    df["seq_len"] = df["seq_len"].astype(int)
+    return df, other
+
+
+def _nodata(text: str) -> str:
+    return f'<p class="nodata">{html.escape(text)}</p>\n'
+
+
+def build(data: StoreData, title: str) -> Report:
+    """Assemble the page from :func:`load_store` output (see the module docstring for the sections)."""
+    paper = paper_frame(load_paper_tables())
+    names = sorted(set(data.ruler["model"]) | set(data.metrics["model"]))
+    matches = {m: row for m in names if (row := match_paper_row(m, paper)) is not None}
+    figs: dict[str, go.Figure] = {}
+    tables: dict[str, pd.DataFrame] = {}
+    parts = [_figure1_section(data, paper, figs, tables), _ruler_section(data, matches, figs, tables),
+             _commonsense_section(data, matches, tables), _serving_section(data, figs, tables),
+             _training_section(data, figs)]  # fmt: skip
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    matched = ", ".join(f"{m} = {F.paper_label(r)}" for m, r in matches.items()) or "none"
+    meta = (f"{len(names)} checkpoint(s); paper rows matched by name: {html.escape(matched)}; generated {now} by "
+            f"hylo-bench {__version__} from <code>{html.escape(data.source)}</code>")  # fmt: skip
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{_CSS} .nodata {{ color: #777; font-style: italic; }}</style>\n"
+        f"<script>{plotly.offline.get_plotlyjs()}</script>\n</head>\n<body>\n"
+        f'<h1>{html.escape(title)}</h1>\n<p class="meta">{meta}</p>\n' + "".join(parts)
+        + f"<script>{_LOADER}</script>\n</body>\n</html>\n"
+    )  # fmt: skip
+    return Report(html=page, figures=figs, tables=tables)
+
+
+def _figure1_section(data: StoreData, paper: pd.DataFrame, figs: dict, tables: dict) -> str:
+    means = ruler_means(data.ruler) if not data.ruler.empty else pd.DataFrame(columns=["model", "seq_len", "score"])
+    gsm = data.metrics[(data.metrics["task"] == "gsm8k") & (data.metrics["metric"] == GSM8K_METRIC)]
+    points, notes = F.figure1_points(means, gsm.set_index("model")["value"])
+    figs["figure1"] = F.figure1(points, paper)
+    tables["figure1_points"] = points
+    out = "<h2>Figure 1: GSM8K vs mean RULER (8K-64K)</h2>\n"
+    if points.empty:
+        out += _nodata(f"No checkpoint in the store has both GSM8K ({GSM8K_METRIC}) and RULER at 8K, 16K, 32K "
+                       "and 64K; only the paper's points are drawn.")  # fmt: skip
+    if notes:
+        out += '<p class="meta">Not drawn: ' + html.escape("; ".join(notes)) + ".</p>\n"
+    return out + _figure_html("figure1", figs["figure1"])
+
+
+def _ruler_section(data: StoreData, matches: dict, figs: dict, tables: dict) -> str:
+    out = "<h2>RULER mean vs context length</h2>\n"
+    if data.ruler.empty:
+        return out + _nodata("No RULER results in the store (run `hylo-bench ruler` or import RULER results).")
+    figs["ruler-mean"] = F.ruler_length_figure(data.ruler, {m: r for m, r in matches.items()
+                                                              if m in set(data.ruler["model"])})
+    out += _figure_html("ruler-mean", figs["ruler-mean"]) + "<h2>RULER per task</h2>\n"
+    for i, fig in enumerate(task_figures(data.ruler)):
+        figs[f"ruler-tasks-{i}"] = fig
+        out += _figure_html(f"ruler-tasks-{i}", fig)
+    out += "<h2>RULER scores per length (0-100)</h2>\n"
+    for seq_len, table in task_tables(data.ruler).items():
+        tables[f"ruler_{seq_len}"] = table
+        out += f"<h3>{format_tokens(seq_len)} ({seq_len} tokens)</h3>\n" + _scores_table_html(table)
+    tables["models"] = models_table(data.ruler)
+    return out + "<h2>Models</h2>\n" + _text_table_html(tables["models"])
+
+
+def _commonsense_section(data: StoreData, matches: dict, tables: dict) -> str:
+    out = "<h2>Commonsense (lm-eval, 0-shot) and GSM8K</h2>\n"
+    m = data.metrics
+    want = m["task"].isin(F.COMMONSENSE_TASKS.values()) & (m["metric"] == COMMONSENSE_METRIC)
+    scores = pd.concat([m[want], m[(m["task"] == "gsm8k") & (m["metric"] == GSM8K_METRIC)]])
+    if not want.any():
+        return out + _nodata(f"No commonsense results ({COMMONSENSE_METRIC}) in the store (import lm-eval "
+                             "results_*.json of arc_easy, arc_challenge, hellaswag, openbookqa, piqa, race, "
+                             "winogrande).")  # fmt: skip
+    table = F.commonsense_table(scores[["model", "task", "value"]], matches, COMMONSENSE_METRIC)
+    tables["commonsense"] = table
+    body = ["<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in table.columns) + "</tr>"]
+    for r in table.itertuples(index=False):
+        cells = [f'<td class="text">{html.escape(str(v))}</td>' for v in r[:3]]
+        cells += ["<td>-</td>" if pd.isna(v) else f"<td>{v:.1f}</td>" for v in r[3:]]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return out + (f'<p class="meta">Scores 0-100. Ours: lm-eval <code>{COMMONSENSE_METRIC}</code> per task and GSM8K '
+                  f"<code>{GSM8K_METRIC}</code> (the paper does not say acc vs acc_norm or which GSM8K filter; "
+                  "these are assumed, as in <code>compare</code>). avg_7 = mean of the 7 tasks, blank unless all 7 "
+                  "are present (the paper's Avg).</p>\n<table>\n" + "\n".join(body) + "\n</table>\n")  # fmt: skip
+
+
+def _serving_section(data: StoreData, figs: dict, tables: dict) -> str:
+    out = "<h2>Serving: memory and speed vs context length (paper Figure 5)</h2>\n"
+    if data.other_points:
+        out += (f'<p class="meta">Benchmark records without serving fields ({", ".join(SERVING_FIELDS)}) are not '
+                f"drawn: {html.escape(', '.join(data.other_points))}.</p>\n")  # fmt: skip
+    if data.points.empty:
+        return out + _nodata("No serving sweep points in the store (import sweep / benchmark JSON whose records "
+                             "have seq_len, status and kv_cache_gib / peak_memory_gib / ttft_s / tokens_per_s).")
+    figs["serving"] = F.serving_figure(data.points)
+    tables["serving_points"] = data.points
+    num_oom = int((data.points["status"] == "oom").sum())
+    return out + f'<p class="meta">{num_oom} OOM point(s), drawn as red crosses.</p>\n' + \
+        _figure_html("serving", figs["serving"])
+
+
+def _training_section(data: StoreData, figs: dict) -> str:
+    out = "<h2>Upcycling training loss per stage</h2>\n"
+    if data.losses.empty:
+        return out + _nodata("No training logs in the store (import an upcycle manifest.json).")
+    figs["upcycle-loss"] = loss_figure(data.losses)
+    return out + _figure_html("upcycle-loss", figs["upcycle-loss"])
+
+
+def export(rep: Report, out_dir: str | Path) -> list[str]:
+    """Write every table as CSV and Markdown, and every figure as PNG and SVG (kaleido) into ``out_dir``.
+
+    Returns:
+        Notes for the user: empty when everything was written; otherwise why the images were skipped.
+    """
+    out_dir = Path(out_dir)
+    for name, table in rep.tables.items():
+        index = not isinstance(table.index, pd.RangeIndex)
+        atomic_write_text(out_dir / f"{name}.csv", table.to_csv(index=index))
+        atomic_write_text(out_dir / f"{name}.md", table.to_markdown(index=index) + "\n")
+    try:
+        import kaleido  # noqa: F401
+        import plotly.io as pio
+    except ImportError:
+        return ["PNG/SVG export skipped: kaleido is not installed (pip install hylo-bench[images])"]
+    ids = list(rep.figures)
+    paths = [out_dir / f"{i}.{ext}" for ext in ("png", "svg") for i in ids]
+    try:
+        pio.write_images([rep.figures[i] for i in ids] * 2, paths)
+    except Exception as exc:  # kaleido raises its own types when it cannot start a browser
+        return [f"PNG/SVG export skipped: kaleido could not render ({type(exc).__name__}: {exc}); it needs Chrome "
+                "or Chromium (apt-get install chromium, or set BROWSER_PATH)"]
+    return []
+
+
+def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, title: str | None = None,
+                       models: list[str] | None = None, images_dir: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Read the store, write the report (atomically), export figures and tables when ``images_dir`` is given.
+
+    Returns:
+        ``(path, notes)``: the HTML path and :func:`export`'s notes.
+    """
+    engine = store.open_store(db, results_dir, create=False)
+    rep = build(load_store(engine, models), title or "hylo-bench report: results store")
+    atomic_write_text(out_html, rep.html)
+    notes = export(rep, images_dir) if images_dir is not None else []
+    for note in notes:
+        logger.warning(note)
+    return Path(out_html), notes
+
+
+def figure_data(page: str) -> dict[str, dict]:
+    """The ``{data, layout}`` of every figure embedded in a report page, keyed by figure id."""
+    found = re.findall(r'<script type="application/json" id="fig-([^"]+)">(.*?)</script>', page, flags=re.DOTALL)
+    return {fig_id: json.loads(text) for fig_id, text in found}
