@@ -34,7 +34,7 @@ from hylo_bench.reports.results import (
 logger = logging.getLogger(__name__)
 
 RULER_KINDS = ("ruler", "ruler-json")
-SERVING_FIELDS = ("kv_cache_gib", "ttft_s")  # a benchmark record with either is a serving point
+SERVING_FIELDS = ("kv_cache_gib", "ttft_s")  # a benchmark run with either in a record is a serving sweep
 COMMONSENSE_METRIC = PAPER_COLUMNS["ARC"][2]
 GSM8K_METRIC = PAPER_COLUMNS["GSM8K"][2]
 
@@ -98,10 +98,11 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     cols = ["model", "seq_len", "status", *(f for f, _ in F.SERVING_PANELS), "benchmark", "run_id"]
     if df.empty:
         return pd.DataFrame(columns=cols), []
-    serving = df[[f for f in SERVING_FIELDS if f in df]].notna().any(axis=1) if any(f in df for f in SERVING_FIELDS) \
-        else pd.Series(False, index=df.index)
+    # A run whose records carry serving fields is a sweep; its OOM records (all fields null) are points too.
+    measured = df.reindex(columns=list(SERVING_FIELDS)).notna().any(axis=1)
+    serving = df["run_id"].isin(df.loc[measured, "run_id"])
     other = sorted(df.loc[~serving, "benchmark"].unique())
-    df = df[serving & df.get("seq_len", pd.Series(index=df.index)).notna()].copy()
+    df = df[serving & df.reindex(columns=["seq_len"])["seq_len"].notna()].copy()
     names = runs.set_index("id")["model"]
     label = df["model"] if "model" in df else pd.Series(None, index=df.index, dtype=object)
     df["model"] = label.where(label.notna(), df["run_id"].map(names))
