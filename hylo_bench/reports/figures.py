@@ -26,6 +26,7 @@ SERVING_PANELS = (
     ("kv_cache_gib", "KV cache (GiB)"), ("peak_memory_gib", "peak memory (GiB)"),
     ("ttft_s", "TTFT (s)"), ("tokens_per_s", "decode tokens/s"),
 )  # fmt: skip
+_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 _PAPER_STYLE = {"hylo": ("#d62728", "diamond"), "baseline": ("#7f7f7f", "circle-open")}
 
 
@@ -73,19 +74,20 @@ def figure1(points: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
         labels = [paper_label(r) for _, r in part.iterrows()]
         fig.add_trace(go.Scatter(
             x=part["ruler_mean"].tolist(), y=part["GSM8K"].tolist(), text=labels, mode="markers+text",
-            textposition="top center", textfont={"size": 9, "color": color}, marker={"color": color, "symbol": symbol},
+            textposition="top center", textfont={"size": 8, "color": color}, marker={"color": color, "symbol": symbol},
             name=f"paper: {'HyLo' if group == 'hylo' else 'baselines'}",
             meta={"source": "paper", "group": group, "labels": labels},
             hovertemplate="%{text}: RULER %{x:.2f}, GSM8K %{y:.1f}<extra>paper</extra>",
         ))  # fmt: skip
     for r in points.itertuples():
         fig.add_trace(go.Scatter(
-            x=[r.ruler_mean], y=[r.gsm8k], text=[_label(r.model)], mode="markers+text", textposition="bottom center",
+            x=[r.ruler_mean], y=[r.gsm8k], text=[_label(r.model)], mode="markers+text", textposition="top left",
             marker={"size": 14, "symbol": "star"}, name=_label(r.model), meta={"source": "store", "model": r.model},
             hovertemplate="%{text}: RULER %{x:.2f}, GSM8K %{y:.2f}<extra></extra>",
         ))  # fmt: skip
     fig.update_layout(
-        template=_TEMPLATE, title={"text": "Figure 1: GSM8K vs mean RULER over 8K-64K"}, height=560,
+        template=_TEMPLATE, title={"text": "Figure 1: GSM8K vs mean RULER over 8K-64K"}, height=640,
+        legend={"orientation": "h", "y": -0.15},
         xaxis={"title": {"text": "mean RULER score, 8K/16K/32K/64K (0-100)"}},
         yaxis={"title": {"text": "GSM8K (0-100)"}},
     )
@@ -101,12 +103,17 @@ def ruler_length_figure(df: pd.DataFrame, matches: dict[str, pd.Series]) -> go.F
         matches: Stored model name -> its paper row (``paper.match_paper_row``).
     """
     fig = mean_figure(df)
+    colors = {}  # the paper's line takes the colour of the checkpoint it belongs to
+    for i, trace in enumerate(fig.data):
+        colors[trace.meta["model"]] = _COLORS[i % len(_COLORS)]
+        trace.line.color = colors[trace.meta["model"]]
     lengths = {int(n) for n in df["seq_len"].unique()}
     for model, row in sorted(matches.items()):
         cols = [c for c in RULER_COLUMNS if row.get(c) is not None and not pd.isna(row.get(c))]
         fig.add_trace(go.Scatter(
             x=[RULER_COLUMNS[c] for c in cols], y=[float(row[c]) for c in cols], mode="lines+markers",
-            line={"dash": "dash"}, marker={"symbol": "diamond-open"}, name=_label(f"paper: {paper_label(row)}"),
+            line={"dash": "dash", "color": colors.get(model)}, marker={"symbol": "diamond-open"},
+            name=_label(f"paper: {paper_label(row)}"),
             meta={"source": "paper", "model": model, "paper_model": paper_label(row)},
             hovertemplate="%{x} tokens: %{y:.1f} (paper)",
         ))  # fmt: skip
@@ -156,7 +163,6 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
         points: Columns ``model, seq_len, status`` (``ok`` or ``oom``) and the fields of :data:`SERVING_PANELS`.
     """
     fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in SERVING_PANELS], horizontal_spacing=0.1)
-    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
     models = sorted(points["model"].unique())
     ok, oom = points[points["status"] != "oom"], points[points["status"] == "oom"]
     for i, (field, title) in enumerate(SERVING_PANELS):
@@ -164,7 +170,7 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
         values = ok.dropna(subset=[field]) if field in ok else ok.iloc[:0]
         top = float(values[field].max()) * 1.08 if not values.empty else 1.0
         for j, model in enumerate(models):
-            color = palette[j % len(palette)]
+            color = _COLORS[j % len(_COLORS)]
             part = values[values["model"] == model].sort_values("seq_len")
             fig.add_trace(go.Scatter(
                 x=part["seq_len"].tolist(), y=part[field].tolist() if field in part else [], mode="lines+markers",
@@ -181,9 +187,13 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
                     meta={"model": model, "field": field, "status": "oom"},
                     hovertemplate=f"{_label(model)}: OOM at %{{x}} tokens<extra></extra>",
                 ), **pos)  # fmt: skip
-        fig.update_yaxes(title_text=title, rangemode="tozero", **pos)
+        fig.update_yaxes(rangemode="tozero", **pos)
+        if values.empty and oom.empty:
+            fig.add_annotation(text=f"no {field} in the records", showarrow=False, xref=f"x{i + 1 if i else ''} domain",
+                               yref=f"y{i + 1 if i else ''} domain", x=0.5, y=0.5)  # fmt: skip
     lengths = sorted(int(n) for n in points["seq_len"].unique())
-    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[format_tokens(n) for n in lengths],
-                     title_text="context length (tokens)")  # fmt: skip
-    fig.update_layout(template=_TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"})
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[format_tokens(n) for n in lengths])
+    fig.update_xaxes(title_text="context length (tokens)", row=2)
+    fig.update_layout(template=_TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"},
+                      legend={"orientation": "h", "y": -0.15})  # fmt: skip
     return fig

@@ -237,8 +237,11 @@ def export(rep: Report, out_dir: str | Path) -> list[str]:
         return ["PNG/SVG export skipped: kaleido is not installed (pip install hylo-bench[images])"]
     ids = list(rep.figures)
     paths = [out_dir / f"{i}.{ext}" for ext in ("png", "svg") for i in ids]
+    for name in ("kaleido", "choreographer", "logistro"):  # per-step INFO lines drown the command's output
+        logging.getLogger(name).setLevel(logging.WARNING)
+    figs = [rep.figures[i] for i in ids] * 2
     try:
-        pio.write_images([rep.figures[i] for i in ids] * 2, paths)
+        pio.write_images(figs, paths, width=1200, height=[f.layout.height or 600 for f in figs])
     except Exception as exc:  # kaleido raises its own types when it cannot start a browser
         return [f"PNG/SVG export skipped: kaleido could not render ({type(exc).__name__}: {exc}); it needs Chrome "
                 "or Chromium (apt-get install chromium, or set BROWSER_PATH)"]
