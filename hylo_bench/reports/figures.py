@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from hylo_bench.reports.paper import COMMONSENSE_COLUMNS, RULER_COLUMNS
-from hylo_bench.reports.report import _TEMPLATE, _label, _length_axis, format_tokens, mean_figure
+from hylo_bench.reports.report import _COLORS, _TEMPLATE, _label, _length_axis, format_tokens, mean_figure
 
 FIGURE1_LENGTHS = tuple(RULER_COLUMNS.values())  # 8K, 16K, 32K, 64K
 # Paper column -> lm-eval task, in the paper's column order; the 7-task average is the paper's "Avg".
@@ -26,7 +26,6 @@ SERVING_PANELS = (
     ("kv_cache_gib", "KV cache (GiB)"), ("peak_memory_gib", "peak memory (GiB)"),
     ("ttft_s", "TTFT (s)"), ("tokens_per_s", "decode tokens/s"),
 )  # fmt: skip
-_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 _PAPER_STYLE = {"hylo": ("#d62728", "diamond"), "baseline": ("#7f7f7f", "circle-open")}
 
 
@@ -103,10 +102,7 @@ def ruler_length_figure(df: pd.DataFrame, matches: dict[str, pd.Series]) -> go.F
         matches: Stored model name -> its paper row (``paper.match_paper_row``).
     """
     fig = mean_figure(df)
-    colors = {}  # the paper's line takes the colour of the checkpoint it belongs to
-    for i, trace in enumerate(fig.data):
-        colors[trace.meta["model"]] = _COLORS[i % len(_COLORS)]
-        trace.line.color = colors[trace.meta["model"]]
+    colors = {t.meta["model"]: t.line.color for t in fig.data}  # the paper's line takes its checkpoint's colour
     lengths = {int(n) for n in df["seq_len"].unique()}
     for model, row in sorted(matches.items()):
         cols = [c for c in RULER_COLUMNS if row.get(c) is not None and not pd.isna(row.get(c))]

@@ -23,6 +23,7 @@ from hylo_bench.io_utils import atomic_write_text
 from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
 
 _TEMPLATE = "plotly_white"
+_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
@@ -87,10 +88,10 @@ def mean_figure(df: pd.DataFrame) -> go.Figure:
     """
     means = ruler_means(df)
     fig = go.Figure()
-    for model, part in means.groupby("model", sort=True):
+    for i, (model, part) in enumerate(means.groupby("model", sort=True)):
         fig.add_trace(go.Scatter(
             x=part["seq_len"].tolist(), y=part["score"].tolist(), customdata=part["num_tasks"].tolist(),
-            mode="lines+markers", name=_label(model), meta={"model": model},
+            mode="lines+markers", name=_label(model), meta={"model": model}, line={"color": _COLORS[i % len(_COLORS)]},
             hovertemplate="%{x} tokens: %{y:.2f} (mean of %{customdata} tasks)",
         ))  # fmt: skip
     seq_lens = sorted(int(n) for n in means["seq_len"].unique())
