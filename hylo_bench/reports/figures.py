@@ -171,7 +171,7 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=part["seq_len"].tolist(), y=part[field].tolist() if field in part else [], mode="lines+markers",
                 name=_label(model), legendgroup=model, showlegend=i == 0, line={"color": color},
-                meta={"model": model, "field": field, "status": "ok"}, hovertemplate=f"%{{x}} tokens: %{{y:.4g}}",
+                meta={"model": model, "field": field, "status": "ok"}, hovertemplate="%{x} tokens: %{y:.4g}",
             ), **pos)  # fmt: skip
             failed = oom[oom["model"] == model].sort_values("seq_len")
             if not failed.empty:
