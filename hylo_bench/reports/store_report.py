@@ -119,12 +119,14 @@ def _nodata(text: str) -> str:
 
 def build(data: StoreData, title: str) -> Report:
     """Assemble the page from :func:`load_store` output (see the module docstring for the sections)."""
-    paper = paper_frame(load_paper_tables())
+    tables_json = load_paper_tables()
+    paper = paper_frame(tables_json)
     names = sorted(set(data.ruler["model"]) | set(data.metrics["model"]))
     matches = {m: row for m in names if (row := match_paper_row(m, paper)) is not None}
     figs: dict[str, go.Figure] = {}
     tables: dict[str, pd.DataFrame] = {}
-    parts = [_figure1_section(data, paper, figs, tables), _ruler_section(data, matches, figs, tables),
+    caveats = [c for c in tables_json.get("_caveats", []) if c.startswith("table")]
+    parts = [_figure1_section(data, paper, caveats, figs, tables), _ruler_section(data, matches, figs, tables),
              _commonsense_section(data, matches, tables), _serving_section(data, figs, tables),
              _training_section(data, figs)]  # fmt: skip
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -141,7 +143,7 @@ def build(data: StoreData, title: str) -> Report:
     return Report(html=page, figures=figs, tables=tables)
 
 
-def _figure1_section(data: StoreData, paper: pd.DataFrame, figs: dict, tables: dict) -> str:
+def _figure1_section(data: StoreData, paper: pd.DataFrame, caveats: list[str], figs: dict, tables: dict) -> str:
     means = ruler_means(data.ruler) if not data.ruler.empty else pd.DataFrame(columns=["model", "seq_len", "score"])
     gsm = data.metrics[(data.metrics["task"] == "gsm8k") & (data.metrics["metric"] == GSM8K_METRIC)]
     points, notes = F.figure1_points(means, gsm.set_index("model")["value"])
@@ -153,6 +155,8 @@ def _figure1_section(data: StoreData, paper: pd.DataFrame, figs: dict, tables: d
                        "and 64K; only the paper's points are drawn.")  # fmt: skip
     if notes:
         out += '<p class="meta">Not drawn: ' + html.escape("; ".join(notes)) + ".</p>\n"
+    out += ('<p class="meta">Paper points: Tables 2-4, x = mean of the printed R8K..R64K (recomputed). Caveats from '
+            "the tables file: " + html.escape(" / ".join(caveats) or "none") + ".</p>\n")
     return out + _figure_html("figure1", figs["figure1"])
 
 
@@ -162,7 +166,8 @@ def _ruler_section(data: StoreData, matches: dict, figs: dict, tables: dict) -> 
         return out + _nodata("No RULER results in the store (run `hylo-bench ruler` or import RULER results).")
     figs["ruler-mean"] = F.ruler_length_figure(data.ruler, {m: r for m, r in matches.items()
                                                               if m in set(data.ruler["model"])})
-    out += _figure_html("ruler-mean", figs["ruler-mean"]) + "<h2>RULER per task</h2>\n"
+    out += _figure_html("ruler-mean", figs["ruler-mean"])
+    out += '<h2>RULER per task</h2>\n<p class="meta">The paper publishes no per-task RULER numbers.</p>\n'
     for i, fig in enumerate(task_figures(data.ruler)):
         figs[f"ruler-tasks-{i}"] = fig
         out += _figure_html(f"ruler-tasks-{i}", fig)

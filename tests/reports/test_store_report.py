@@ -230,3 +230,20 @@ def test_report_renders_in_headless_chromium(full_db: Path, tmp_path: Path):
         assert fig["svgs"] >= 1 and fig["traces"] >= 1, fig
     by_id = {f["id"]: f for f in drawn}
     assert by_id["plot-serving"]["points"] >= len(SWEEP)  # every measured and OOM point has a marker
+
+
+def test_images_skipped_with_a_clear_note_when_kaleido_cannot_render(full_db, tmp_path, monkeypatch):
+    import plotly.io as pio
+
+    from hylo_bench.reports.store_report import build_store_report
+
+    def no_browser(*args, **kwargs):
+        raise RuntimeError("no Chrome found")
+
+    pytest.importorskip("kaleido", reason="pip install hylo-bench[images]")
+    monkeypatch.setattr(pio, "write_images", no_browser)
+    path, notes = build_store_report(full_db, tmp_path, tmp_path / "r.html", images_dir=tmp_path / "img")
+    assert path.is_file() and len(notes) == 1
+    assert "PNG/SVG export skipped" in notes[0] and "no Chrome found" in notes[0] and "chromium" in notes[0]
+    names = {p.name for p in (tmp_path / "img").iterdir()}
+    assert "commonsense.csv" in names and "commonsense.md" in names and not any(n.endswith(".png") for n in names)
