@@ -247,3 +247,18 @@ def test_images_skipped_with_a_clear_note_when_kaleido_cannot_render(full_db, tm
     assert "PNG/SVG export skipped" in notes[0] and "no Chrome found" in notes[0] and "chromium" in notes[0]
     names = {p.name for p in (tmp_path / "img").iterdir()}
     assert "commonsense.csv" in names and "commonsense.md" in names and not any(n.endswith(".png") for n in names)
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("amd/HyLo-Qwen-14MLA14M2-8K-SFT", ("HyLo-Qwen-14MLA14M2", "8K")),
+    ("/ckpt/HyLo-Llama-4MLA12GDN-64K/", ("HyLo-Llama-4MLA12GDN", "64K")),
+    ("Llamba-1B", ("Llamba-1B", None)),
+    ("HyLo-Llama-4MLA12GDN", None),  # both 8K and 64K rows exist: no guess
+    ("hylo-a", None),
+])  # fmt: skip
+def test_match_paper_row(name: str, expected):
+    from hylo_bench.reports.paper import load_paper_tables, match_paper_row, paper_frame
+
+    row = match_paper_row(name, paper_frame(load_paper_tables()))
+    ctx = None if row is None or not isinstance(row["train_ctx"], str) else row["train_ctx"]
+    assert (None if row is None else (row["model"], ctx)) == expected
