@@ -3,7 +3,7 @@
 lm-eval writes them, as our summary JSON and in the results store).
 
 Spec: /work/shared/reference/lm-eval.md. Public API: ``HyLoLM``, ``EvalConfig``, ``run``, ``evaluate_lm``,
-``local_task_dir``, ``scores_from_results``, ``PAPER_TASKS``.
+``local_task_dir``, ``scores_from_results``, ``render_table``, ``PAPER_TASKS``.
 lm-eval's own CLI with ``hylo`` registered: ``hylo-lm-eval`` (:mod:`hylo_bench.tasks.lm_eval_cli`).
 
 Why ``HFLM`` is subclassed rather than ``LM`` implemented anew: HFLM accepts a built ``nn.Module`` and then only
@@ -341,7 +341,8 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
 
     out = Path(cfg.output_dir)
     tracker = EvaluationTracker(output_path=str(out / "lm-eval"))
-    model_args = f"pretrained={cfg.model},dtype={cfg.dtype},max_length={cfg.max_length}"
+    # the model's name as `hylo-bench ruler` stores it ("demo-teacher" for demo), so the store matches the runs
+    model_args = f"pretrained={lm.model_info['name']},dtype={cfg.dtype},max_length={cfg.max_length}"
     tracker.general_config_tracker.log_experiment_args(model_source="hylo", model_args=model_args,
                                                        system_instruction=None, chat_template=None,
                                                        fewshot_as_multiturn=False)
@@ -404,3 +405,23 @@ def run(cfg: EvalConfig) -> dict:
             "n_samples": {t: v.get("effective") for t, v in res.get("n-samples", {}).items()},
             "num_fewshot": dict(res.get("n-shot", {})), "results_path": str(path),
             "lm_eval_results_path": str(lm_eval_path)}
+
+
+def render_table(summary: dict) -> Any:
+    """A rich table of ``run``'s summary: one row per (task, metric), scores 0-100, plus the paper's commonsense
+    average (mean of the seven tasks' ``acc``) when all seven ran. The acc/acc_norm choice per task is not stated
+    by the paper (lm-eval.md §5.2): both are listed."""
+    from rich.table import Table
+
+    table = Table(title=f"lm-eval {summary['model']}")
+    for col, justify in (("task", "left"), ("metric", "left"), ("score", "right"), ("n", "right"), ("shots", "right")):
+        table.add_column(col, justify=justify)
+    for task, metrics in summary["scores"].items():
+        for metric, value in metrics.items():
+            table.add_row(task, metric, f"{value:.2f}", str(summary["n_samples"].get(task, "")),
+                          str(summary["num_fewshot"].get(task, "")))
+    if all(t in summary["scores"] for t in COMMONSENSE_TASKS):
+        avg = sum(summary["scores"][t]["acc"] for t in COMMONSENSE_TASKS) / len(COMMONSENSE_TASKS)
+        table.add_section()
+        table.add_row("commonsense avg", "acc", f"{avg:.2f}", "", "", style="bold")
+    return table
