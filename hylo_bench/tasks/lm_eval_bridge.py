@@ -89,7 +89,7 @@ class HyLoLM(HFLM):
         **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
 
     Raises:
-        ValueError: a built module without a tokenizer, or a bad ``dtype``.
+        ValueError: a built module without a tokenizer, a bad ``dtype``, or ``cuda`` without a GPU.
         FileNotFoundError: an unresolvable ``pretrained`` spec (from ``load_model``).
     """
 
@@ -101,6 +101,9 @@ class HyLoLM(HFLM):
 
         kwargs.pop("backend", None)
         if isinstance(pretrained, str):
+            if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+                raise ValueError(f"device: {device!r} requested but no CUDA GPU is visible (lm_eval's CLI defaults to "
+                                 "cuda); pass --device cpu")
             model, tokenizer, info = load_model(pretrained, device=device, dtype=parse_dtype(dtype))
         else:
             if tokenizer is None:
