@@ -214,15 +214,27 @@ def test_eval_config_rejects_bad_values(tmp_path):
         B.EvalConfig(model="demo", tasks=["piqa"], output_dir=tmp_path, dtype="int3")
 
 
-def test_cli_eval_end_to_end(tiny_base_dir, fixture_dir, tmp_path):
+@pytest.fixture
+def tiny_hylo_dir(tmp_path, tiny_models, tiny_tokenizer):
+    from hylo_bench.models.checkpoint import save_hylo
+
+    d = tmp_path / "tiny_hylo"
+    save_hylo(tiny_models["hylo"], d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("ckpt", ["llama", "hylo"])
+def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tmp_path):
     from typer.testing import CliRunner
 
     from hylo_bench.cli import app
     from hylo_bench.reports import store
 
     out = tmp_path / "results"
-    res = CliRunner().invoke(app, ["eval", str(tiny_base_dir), "--tasks", "piqa,winogrande", "--data-dir",
-                                   str(fixture_dir), "--limit", "3", "--batch-size", "2", "--output-dir", str(out),
+    ckpt_dir = tiny_base_dir if ckpt == "llama" else tiny_hylo_dir
+    res = CliRunner().invoke(app, ["eval", str(ckpt_dir), "--tasks", "piqa,winogrande", "--data-dir",
+                                   str(fixture_dir), "--limit", "3", "--batch-size", "auto" if ckpt == "llama" else "2", "--output-dir", str(out),
                                    "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
@@ -233,10 +245,13 @@ def test_cli_eval_end_to_end(tiny_base_dir, fixture_dir, tmp_path):
     lm_eval_file = json.loads(open(summary["lm_eval_results_path"]).read())
     assert lm_eval_file["results"]["piqa"]["acc,none"] * 100 == pytest.approx(summary["scores"]["piqa"]["acc"])
     assert lm_eval_file["config"]["model"] == "hylo" and lm_eval_file["n-shot"] == {"piqa": 0, "winogrande": 0}
+    assert lm_eval_file["config"]["hylo_model"]["kind"] == ("transformer" if ckpt == "llama" else "hybrid")
     ours = json.loads(open(summary["results_path"]).read())
     assert ours["kind"] == "lm-eval-summary" and ours["scores"] == summary["scores"]
     metrics = store.metrics_frame(store.open_store(None, out, create=False))
     assert sorted(metrics["task"] + ":" + metrics["metric"]) == ["piqa:acc", "piqa:acc_norm", "winogrande:acc"]
+    if ckpt == "hylo":
+        return
     # a missing local file is a clear CLI error
     res = CliRunner().invoke(app, ["eval", str(tiny_base_dir), "--tasks", "race", "--data-dir", str(tmp_path),
                                    "--output-dir", str(out)])
