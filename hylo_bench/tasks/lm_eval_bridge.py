@@ -355,8 +355,8 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
     tracker.save_results_aggregated(results=res, samples=samples)
     for task, task_samples in (samples or {}).items():
         tracker.save_results_samples(task_name=task, samples=task_samples)
-    lm_eval_path = sorted((out / "lm-eval" / tracker.general_config_tracker.model_name_sanitized)
-                          .glob(f"results_{tracker.date_id}.json"))[0]
+    lm_eval_path = out / "lm-eval" / tracker.general_config_tracker.model_name_sanitized / \
+        f"results_{tracker.date_id}.json"
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}.json", 1
     while path.exists():

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 def main() -> None:
     """Register ``hylo`` and hand over to ``lm_eval.__main__.cli_evaluate`` (same arguments as ``lm_eval``)."""
-    import hylo_bench.tasks.lm_eval_bridge  # noqa: F401 - registers the model
     from lm_eval.__main__ import cli_evaluate
+
+    import hylo_bench.tasks.lm_eval_bridge  # noqa: F401 - registers the model
 
     cli_evaluate()
 

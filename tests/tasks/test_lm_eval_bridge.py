@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +17,12 @@ import torch
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.api.model import LM  # noqa: E402
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
 
-from hylo_bench.tasks import lm_eval_bridge as B  # noqa: E402
-from tests.conftest import make_base, tiny_hybrid_config  # noqa: E402
-from tests.tasks.lmeval_fixtures import FIXTURES, GOLD_WORD, write_fixtures  # noqa: E402
+from hylo_bench.tasks import lm_eval_bridge as B
+from tests.conftest import make_base, tiny_hybrid_config
+from tests.tasks.lmeval_fixtures import FIXTURES, GOLD_WORD, write_fixtures
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +61,6 @@ def fixture_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def forced_run(fixture_dir, tmp_path_factory):
-    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_datasets"))
     lm = ForcedLM()
     cfg = B.EvalConfig(model="stub", tasks=list(B.PAPER_TASKS), output_dir=tmp_path_factory.mktemp("out"),
                        data_dir=fixture_dir)
@@ -108,7 +108,7 @@ def test_missing_local_file_names_the_expected_path(tmp_path):
         B.local_task_dir(["gsm8k"], tmp_path / "data", tmp_path / "yaml", num_fewshot=5)
     out = B.local_task_dir(["gsm8k"], tmp_path / "data", tmp_path / "yaml", num_fewshot=0)
     doc = json.loads((out / "gsm8k.yaml").read_text())
-    assert doc["dataset_kwargs"] == {"data_files": {"test": str((tmp_path / "data" / "gsm8k" / "test.jsonl"))}}
+    assert doc["dataset_kwargs"] == {"data_files": {"test": str(tmp_path / "data" / "gsm8k" / "test.jsonl")}}
     assert doc["training_split"] is None and doc["fewshot_split"] is None and doc["task"] == "gsm8k"
 
 
@@ -242,11 +242,11 @@ def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tm
     assert set(summary["scores"]["piqa"]) == {"acc", "acc_norm"} and set(summary["scores"]["winogrande"]) == {"acc"}
     assert all(v in (0.0, 100 / 3, 200 / 3, 100.0) for m in summary["scores"].values() for v in m.values())
     assert summary["n_samples"] == {"piqa": 3, "winogrande": 3}
-    lm_eval_file = json.loads(open(summary["lm_eval_results_path"]).read())
+    lm_eval_file = json.loads(Path(summary["lm_eval_results_path"]).read_text())
     assert lm_eval_file["results"]["piqa"]["acc,none"] * 100 == pytest.approx(summary["scores"]["piqa"]["acc"])
     assert lm_eval_file["config"]["model"] == "hylo" and lm_eval_file["n-shot"] == {"piqa": 0, "winogrande": 0}
     assert lm_eval_file["config"]["hylo_model"]["kind"] == ("transformer" if ckpt == "llama" else "hybrid")
-    ours = json.loads(open(summary["results_path"]).read())
+    ours = json.loads(Path(summary["results_path"]).read_text())
     assert ours["kind"] == "lm-eval-summary" and ours["scores"] == summary["scores"]
     metrics = store.metrics_frame(store.open_store(None, out, create=False))
     assert sorted(metrics["task"] + ":" + metrics["metric"]) == ["piqa:acc", "piqa:acc_norm", "winogrande:acc"]
