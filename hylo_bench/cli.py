@@ -266,5 +266,41 @@ def compare(
     raise typer.Exit(1 if result.num_regressions else 0)
 
 
+@app.command("eval")
+def eval_(
+    model: str = typer.Argument(..., help="Checkpoint: hub id, local dir or 'demo' (hybrid or plain transformers)."),
+    tasks: str = typer.Option("paper", "--tasks", help="Comma-separated lm-eval task names, or 'paper' = arc_easy,"
+                              "arc_challenge,hellaswag,openbookqa,piqa,race,winogrande,gsm8k."),
+    limit: Optional[float] = typer.Option(None, "--limit", help="First N docs per task (N < 1: a fraction)."),
+    batch_size: str = typer.Option("1", "--batch-size", help="Requests per forward: N, 'auto' or 'auto:N'."),
+    num_fewshot: int = typer.Option(0, "--num-fewshot", help="Shots for every task (paper: 0; GSM8K's YAML says 5)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Offline data: DIR/<task>/<split>.jsonl with the "
+                                            "Hub dataset's columns."),
+    output_dir: Path = typer.Option(Path("hylo-results"), "--output-dir", "--results-dir",
+                                    help="Results folder (lm-eval files under lm-eval/, store hylo_bench.sqlite)."),
+    max_length: int = typer.Option(8192, "--max-length", help="Context window in tokens (longer prompts are "
+                                   "left-truncated)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"scores": {task: {metric: value}}} (0-100).'),
+) -> None:
+    """Score a model on lm-eval tasks (0-shot commonsense + GSM8K by default) with the `hylo` lm-eval model."""
+    from hylo_bench.tasks import lm_eval_bridge as E
+
+    try:
+        names = list(E.PAPER_TASKS) if tasks == "paper" else [t.strip() for t in tasks.split(",") if t.strip()]
+        cfg = E.EvalConfig(model=model, tasks=names, output_dir=output_dir, num_fewshot=num_fewshot,
+                           limit=None if limit is None else (int(limit) if limit >= 1 else limit),
+                           batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
+                           data_dir=data_dir, device=device, dtype=dtype)
+        result = E.run(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(E.render_table(result))
+    console.print(f"results: {result['results_path']} (lm-eval: {result['lm_eval_results_path']})")
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,430 @@
+"""lm-eval 0.4.13 bridge: the ``hylo`` model class (HyLo hybrids and any transformers causal LM) and the
+``hylo-bench eval`` runner (lm-eval's own tasks, 0-shot by default, optional local JSONL data, results saved as
+lm-eval writes them, as our summary JSON and in the results store).
+
+Spec: /work/shared/reference/lm-eval.md. Public API: ``HyLoLM``, ``EvalConfig``, ``run``, ``evaluate_lm``,
+``local_task_dir``, ``scores_from_results``, ``render_table``, ``PAPER_TASKS``.
+lm-eval's own CLI with ``hylo`` registered: ``hylo-lm-eval`` (:mod:`hylo_bench.tasks.lm_eval_cli`).
+
+Why ``HFLM`` is subclassed rather than ``LM`` implemented anew: HFLM accepts a built ``nn.Module`` and then only
+needs ``.config``, ``.device``, ``.tie_weights()`` and a forward returning ``.logits`` -- ``HyLoForCausalLM`` has
+all of them (its ``tie_weights`` leaves the untied ``lm_head`` alone). We inherit lm-eval's own tokenisation, BOS
+and empty-context handling, length-sorted batching, the one-token logits cache, stop strings and rolling windows,
+so scores match ``--model hf`` for plain transformers. Loglikelihood batches are right-padded (positions before a
+pad never see it in causal or recurrent layers, so batched == unbatched); generation batches are left-padded with an
+attention mask, which ``HyLoModel`` turns into a per-token mask that keeps pads out of the MLA keys and the GDN /
+Mamba-2 states (tested: batched == unbatched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+import hylo_bench
+from hylo_bench.io_utils import atomic_write_json, git_sha
+
+logger = logging.getLogger(__name__)
+
+# The paper's short-context suite (HyLo §4.1): seven 0-shot commonsense tasks + GSM8K, lm-eval task names.
+PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "openbookqa", "piqa", "race", "winogrande", "gsm8k")
+COMMONSENSE_TASKS = PAPER_TASKS[:-1]
+# Task YAMLs inside lm_eval/tasks/ for the tasks above (saves indexing all ~14k YAMLs for --data-dir runs).
+_KNOWN_YAMLS = {
+    "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_challenge.yaml", "hellaswag": "hellaswag/hellaswag.yaml",
+    "openbookqa": "openbookqa/openbookqa.yaml", "piqa": "piqa/piqa.yaml", "race": "race/race.yaml",
+    "winogrande": "winogrande/default.yaml", "gsm8k": "gsm8k/gsm8k.yaml",
+}
+_SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
+DEFAULT_MAX_LENGTH = 8192
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``None``/``"auto"`` -> None (``load_model``'s default: bf16 on GPU, fp32 on CPU); a name -> torch dtype.
+
+    Raises:
+        ValueError: unknown name (lists the accepted ones).
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected auto or one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@register_model("hylo")
+class HyLoLM(HFLM):
+    """lm-eval model ``hylo``: HFLM around a model loaded with :func:`hylo_bench.models.loading.load_model`.
+
+    ``lm_eval``'s ``model_args`` map onto the arguments: ``pretrained=demo|DIR|org/name,dtype=bfloat16,
+    max_length=8192,max_gen_toks=256,add_bos_token=True``; ``batch_size`` (int or ``auto``), ``max_batch_size``
+    and ``device`` come from lm-eval's own flags.
+
+    Args:
+        pretrained: model spec for ``load_model`` (``demo``, a local directory or a hub id), or a built
+            ``nn.Module`` (then ``tokenizer`` is required).
+        tokenizer: HF tokenizer for a built module; ignored for a spec (the checkpoint's tokenizer is used).
+        device: ``cpu`` / ``cuda`` / ``cuda:N`` (default: cuda when available). Ignored for a built module.
+        dtype: ``auto`` (bf16 on GPU, fp32 on CPU) or a dtype name. Ignored for a built module.
+        batch_size: requests per forward (int) or ``auto`` / ``auto:N`` (probes with ``max_length`` tokens).
+        max_batch_size: upper bound for ``auto``.
+        max_length: context window in tokens; longer requests are left-truncated by HFLM. Default 8192: the
+            fallback chain of HFLM would otherwise pick the tokenizer's ``model_max_length`` (131072 for Llama-3).
+        max_gen_toks: generation budget in tokens when a task does not set one (HFLM default 256).
+        add_bos_token: prepend BOS (None = the tokenizer's default: Llama-3 adds it, Qwen3 has none).
+        **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
+
+    Raises:
+        ValueError: a built module without a tokenizer, a bad ``dtype``, or ``cuda`` without a GPU.
+        FileNotFoundError: an unresolvable ``pretrained`` spec (from ``load_model``).
+    """
+
+    def __init__(self, pretrained: Any = "demo", tokenizer: Any = None, *, device: str | None = None,
+                 dtype: str | torch.dtype | None = None, batch_size: int | str = 1, max_batch_size: int = 64,
+                 max_length: int = DEFAULT_MAX_LENGTH, max_gen_toks: int = 256, add_bos_token: bool | None = None,
+                 **kwargs: Any) -> None:
+        from hylo_bench.models.loading import layout_name, load_model
+
+        kwargs.pop("backend", None)
+        if isinstance(pretrained, str):
+            if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+                raise ValueError(f"device: {device!r} requested but no CUDA GPU is visible (lm_eval's CLI defaults to "
+                                 "cuda); pass --device cpu")
+            model, tokenizer, info = load_model(pretrained, device=device, dtype=parse_dtype(dtype))
+        else:
+            if tokenizer is None:
+                raise ValueError("HyLoLM(pretrained=<nn.Module>) needs tokenizer=<HF tokenizer>; or pass "
+                                 "pretrained='demo' / a checkpoint directory / a hub id")
+            model = pretrained
+            info = {"name": type(model).__name__, "path": None, "hash": None, "layout": layout_name(model),
+                    "kind": "hybrid" if hasattr(model.config, "mixer_types") else "transformer"}
+        if tokenizer.pad_token_id is None:  # HFLM pads generation batches with it
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model_info = info
+        self._max_gen_toks = int(max_gen_toks)
+        super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                         max_batch_size=int(max_batch_size), max_length=int(max_length), add_bos_token=add_bos_token,
+                         **kwargs)
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
+                        **generation_kwargs: Any) -> torch.Tensor:
+        """Token ids [B, T_ctx + new] continuing the left-padded ``context`` [B, T_ctx].
+
+        As HFLM's, except that the budget goes to ``generate`` as ``max_new_tokens`` = ``max_length`` - T_ctx: a
+        checkpoint's ``generation_config.max_new_tokens`` would otherwise take precedence over ``max_length``.
+        Greedy unless the task asks for sampling; stops at the stop strings (and EOS, via ``generate``).
+        """
+        from lm_eval.models.utils_hf import stop_sequences_criteria
+
+        temperature = generation_kwargs.setdefault("temperature", 0.0)
+        if temperature == 0.0 and generation_kwargs.get("do_sample") is None:
+            generation_kwargs["do_sample"] = False
+        if generation_kwargs.get("do_sample") is False and temperature == 0.0:
+            generation_kwargs.pop("temperature")
+        criteria = stop_sequences_criteria(self.tokenizer, stop, context.shape[1], context.shape[0])
+        with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                            enabled=self.mixed_precision_dtype is not None):
+            return self.model.generate(input_ids=context, max_new_tokens=max(1, max_length - context.shape[1]),
+                                       stopping_criteria=criteria, pad_token_id=self.tokenizer.pad_token_id,
+                                       use_cache=True, **generation_kwargs)
+
+    def get_model_info(self) -> dict:
+        """Parameters, dtype and our checkpoint identity; no Hub query (HFLM's asks the Hub for a SHA)."""
+        return {"model_num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "model_dtype": str(next(self.model.parameters()).dtype), "model_revision": None,
+                "model_sha": self.model_info.get("hash") or "", "hylo_model": dict(self.model_info)}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    """One ``hylo-bench eval`` run.
+
+    Attributes:
+        model: model spec for ``load_model`` (``demo``, a local directory or a hub id).
+        tasks: lm-eval task names, e.g. ``list(PAPER_TASKS)``.
+        output_dir: results folder: ``eval-<model>-<stamp>.json`` (our summary), ``lm-eval/<model>/results_*.json``
+            and ``samples_*.jsonl`` (lm-eval's own files); the results store defaults to
+            ``output_dir/hylo_bench.sqlite`` ($HYLO_BENCH_DB overrides).
+        num_fewshot: shots for every task; 0 is the paper's protocol (GSM8K's YAML default is 5).
+        limit: first N docs per task (int) or a fraction (float < 1); None = all.
+        batch_size: int or ``auto`` / ``auto:N``.
+        max_batch_size: upper bound for ``auto``.
+        max_length: context window in tokens (see ``HyLoLM``).
+        data_dir: read ``DATA_DIR/<task>/<split>.jsonl`` instead of the Hub (offline machines).
+        device: ``cpu`` / ``cuda`` (default: cuda when available).
+        dtype: ``auto`` or a dtype name.
+        seed: lm-eval's ``random_seed``; numpy/torch/fewshot seeds stay at lm-eval's 1234.
+        log_samples: also write lm-eval's per-sample JSONL files.
+        write_store: add the lm-eval results file to the results store.
+    """
+
+    model: str
+    tasks: list[str]
+    output_dir: str | Path
+    num_fewshot: int = 0
+    limit: int | float | None = None
+    batch_size: int | str = 1
+    max_batch_size: int = 64
+    max_length: int = DEFAULT_MAX_LENGTH
+    data_dir: str | Path | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    log_samples: bool = True
+    write_store: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError(f"tasks: expected at least one lm-eval task name, e.g. {','.join(PAPER_TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks has duplicates: {self.tasks!r}")
+        if self.num_fewshot < 0:
+            raise ValueError(f"num_fewshot: expected >= 0, got {self.num_fewshot}")
+        if self.limit is not None and not self.limit > 0:
+            raise ValueError(f"limit: expected a positive count or fraction, got {self.limit}")
+        bs = str(self.batch_size)
+        if not (bs.isdigit() and int(bs) >= 1) and not re.fullmatch(r"auto(:\d+(\.\d+)?)?", bs):
+            raise ValueError(f"batch_size: expected a positive int, 'auto' or 'auto:N', got {self.batch_size!r}")
+        if self.max_length < 16:
+            raise ValueError(f"max_length: expected >= 16 tokens, got {self.max_length}")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"data_dir: {str(self.data_dir)!r} is not a directory; expected DIR/<task>/<split>.jsonl")
+        parse_dtype(self.dtype)
+
+    def to_dict(self) -> dict:
+        """JSON-ready copy (paths as strings)."""
+        out = dataclasses.asdict(self)
+        out["output_dir"] = str(self.output_dir)
+        out["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        out["batch_size"] = str(self.batch_size)
+        return out
+
+
+def _task_yaml(task: str) -> Path:
+    """The registered YAML of ``task`` in lm-eval (known tasks by table, others through a full TaskManager)."""
+    import lm_eval.tasks
+
+    root = Path(lm_eval.tasks.__file__).parent
+    if task in _KNOWN_YAMLS and (root / _KNOWN_YAMLS[task]).is_file():
+        return root / _KNOWN_YAMLS[task]
+    from lm_eval.tasks import TaskManager
+
+    entry = TaskManager().task_index.get(task)
+    if entry is None or entry.yaml_path is None or str(entry.kind) not in ("Kind.TASK", "TASK", "task"):
+        raise ValueError(f"--data-dir: {task!r} is not a single lm-eval task with a YAML (groups and tags cannot be "
+                         f"read from local files; list their member tasks instead)")
+    return Path(entry.yaml_path)
+
+
+def local_task_dir(tasks: list[str], data_dir: str | Path, out_dir: str | Path, num_fewshot: int) -> Path:
+    """Write one YAML per task into ``out_dir`` that includes lm-eval's YAML and reads local JSONL files.
+
+    Each YAML keeps the task's name, prompts, metrics and ``!function`` helpers (``include:`` of the original)
+    and overrides ``dataset_path: json``, ``dataset_name: null`` and ``dataset_kwargs.data_files``
+    with ``DATA_DIR/<task>/<split>.jsonl`` for every split the task names that exists there; absent optional
+    splits are set to null.
+
+    Args:
+        tasks: lm-eval task names.
+        data_dir: folder with ``<task>/<split>.jsonl`` (rows with the columns of the task's Hub dataset).
+        out_dir: folder for the generated YAMLs (pass it to ``TaskManager(include_path=..., include_defaults=False)``).
+        num_fewshot: shots that will be requested; > 0 makes the few-shot split required.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        FileNotFoundError: the evaluated split (``test_split``, else ``validation_split``) or, with
+            ``num_fewshot > 0``, the few-shot split is missing; the message names the expected file.
+    """
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        src = _task_yaml(task)
+        cfg = load_yaml(src, resolve_func=False)
+        splits = {k: cfg.get(k) for k in _SPLIT_KEYS}
+        evaluated = splits["test_split"] or splits["validation_split"]
+        fewshot = splits["fewshot_split"] or splits["training_split"] or splits["validation_split"]
+        required = {evaluated} | ({fewshot} if num_fewshot > 0 and fewshot else set())
+        files, overrides = {}, {}
+        for key, split in splits.items():
+            if not split:
+                continue
+            path = data_dir / task / f"{split}.jsonl"
+            if path.is_file():
+                files[split] = str(path)
+            elif split in required:
+                role = "evaluated" if split == evaluated else "few-shot"
+                raise FileNotFoundError(f"{task}: missing {path} (the {role} split {split!r}); write the rows of "
+                                        f"the Hub dataset {cfg.get('dataset_path')}"
+                                        f"{'/' + cfg['dataset_name'] if cfg.get('dataset_name') else ''} split "
+                                        f"{split!r} there as JSON lines, with the Hub dataset's columns")
+            else:
+                overrides[key] = None
+        doc = {"include": str(src), "task": task, "tag": [], "dataset_path": "json", "dataset_name": None,
+               "dataset_kwargs": {"data_files": files}, **overrides}
+        if num_fewshot == 0 and "fewshot_split" not in overrides and splits["fewshot_split"] not in files:
+            doc["fewshot_split"] = None
+        (out_dir / f"{task}.yaml").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")  # JSON is YAML
+    return out_dir
+
+
+def scores_from_results(results: dict) -> dict[str, dict[str, float]]:
+    """``{task: {metric: value}}`` from lm-eval's results dict; accuracy-like metrics on a 0-100 scale.
+
+    Keys: ``acc``, ``acc_norm`` (filter ``none`` dropped), ``exact_match,strict-match``,
+    ``exact_match,flexible-extract``; stderr entries are left out (they stay in lm-eval's file).
+    """
+    from hylo_bench.reports.ingest import LM_EVAL_PERCENT_METRICS
+
+    scores: dict[str, dict[str, float]] = {}
+    for task, res in results["results"].items():
+        for key, value in res.items():
+            name, _, filt = key.partition(",")
+            if not filt or "_stderr" in name or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            scale = 100.0 if name in LM_EVAL_PERCENT_METRICS else 1.0
+            scores.setdefault(task, {})[name if filt == "none" else key] = float(value) * scale
+    return scores
+
+
+def evaluate_lm(lm: Any, cfg: EvalConfig, task_manager: Any = None) -> dict:
+    """Run lm-eval's ``simple_evaluate`` on an LM instance with ``cfg``'s tasks, shots, limit and seed.
+
+    Args:
+        lm: an ``lm_eval.api.model.LM`` (usually ``HyLoLM``).
+        cfg: run configuration (``model``, ``output_dir`` and ``write_store`` are not used here).
+        task_manager: a ready ``TaskManager``; default: local YAMLs for ``cfg.data_dir``, else lm-eval's.
+
+    Returns:
+        lm-eval's results dict (``results``, ``configs``, ``n-shot``, ``n-samples``, ``samples``, ``config`` ...).
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    with tempfile.TemporaryDirectory(prefix="hylo-lmeval-tasks-") as tmp:
+        if task_manager is None:
+            if cfg.data_dir is not None:
+                local_task_dir(cfg.tasks, cfg.data_dir, tmp, cfg.num_fewshot)
+                task_manager = TaskManager(include_path=tmp, include_defaults=False)
+            else:
+                task_manager = TaskManager()
+        return simple_evaluate(model=lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                               task_manager=task_manager, log_samples=cfg.log_samples, random_seed=cfg.seed,
+                               bootstrap_iters=100000)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
+    """Write lm-eval's results (and samples) with its EvaluationTracker, then our summary; return both paths."""
+    from lm_eval.loggers import EvaluationTracker
+
+    out = Path(cfg.output_dir)
+    tracker = EvaluationTracker(output_path=str(out / "lm-eval"))
+    # the model's name as `hylo-bench ruler` stores it ("demo-teacher" for demo), so the store matches the runs
+    model_args = f"pretrained={lm.model_info['name']},dtype={cfg.dtype},max_length={cfg.max_length}"
+    tracker.general_config_tracker.log_experiment_args(model_source="hylo", model_args=model_args,
+                                                       system_instruction=None, chat_template=None,
+                                                       fewshot_as_multiturn=False)
+    res["config"].update(model="hylo", model_args=model_args, batch_size=str(cfg.batch_size), device=str(lm.device),
+                         hylo_model=lm.model_info, add_bos_token=lm.add_bos_token, apply_chat_template=False)
+    samples = res.pop("samples", None)
+    tracker.save_results_aggregated(results=res, samples=samples)
+    for task, task_samples in (samples or {}).items():
+        tracker.save_results_samples(task_name=task, samples=task_samples)
+    lm_eval_path = out / "lm-eval" / tracker.general_config_tracker.model_name_sanitized / \
+        f"results_{tracker.date_id}.json"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}.json", 1
+    while path.exists():
+        path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}-{k}.json", k + 1
+    atomic_write_json(path, {
+        "kind": "lm-eval-summary", "hylo_bench_version": hylo_bench.__version__, "git_sha": git_sha(),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.model_info,
+        "config": cfg.to_dict(), "lm_eval_version": res.get("lm_eval_version"), "n-shot": res.get("n-shot"),
+        "n-samples": res.get("n-samples"), "versions": res.get("versions"), "scores": scores_from_results(res),
+        "lm_eval_results": str(lm_eval_path)})
+    return lm_eval_path, path
+
+
+def _record_in_store(lm_eval_path: Path, cfg: EvalConfig) -> None:
+    """Add lm-eval's results file to the results store; a failure is logged (``hylo-bench import`` adds it later)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hylo_bench.reports import store
+
+    try:
+        engine = store.open_store(None, cfg.output_dir)
+        try:
+            store.import_files(engine, [lm_eval_path])
+        finally:
+            engine.dispose()
+    except (ValueError, SQLAlchemyError) as exc:
+        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later",
+                       exc, lm_eval_path)
+
+
+def run(cfg: EvalConfig) -> dict:
+    """Load ``cfg.model`` as ``HyLoLM``, evaluate ``cfg.tasks``, save every result file.
+
+    Returns:
+        ``{"model": name, "scores": {task: {metric: value 0-100}}, "n_samples": {task: n}, "num_fewshot": {task: k},
+        "results_path": our summary JSON, "lm_eval_results_path": lm-eval's results JSON}``.
+
+    Raises:
+        FileNotFoundError: unresolvable model, or a local data file missing (the path is named).
+        ValueError: bad configuration values.
+    """
+    lm = HyLoLM(pretrained=cfg.model, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
+                max_batch_size=cfg.max_batch_size, max_length=cfg.max_length)
+    res = evaluate_lm(lm, cfg)
+    lm_eval_path, path = _save(res, lm, cfg)
+    if cfg.write_store:
+        _record_in_store(lm_eval_path, cfg)
+    return {"model": lm.model_info["name"], "scores": scores_from_results(res),
+            "n_samples": {t: v.get("effective") for t, v in res.get("n-samples", {}).items()},
+            "num_fewshot": dict(res.get("n-shot", {})), "results_path": str(path),
+            "lm_eval_results_path": str(lm_eval_path)}
+
+
+def render_table(summary: dict) -> Any:
+    """A rich table of ``run``'s summary: one row per (task, metric), scores 0-100, plus the paper's commonsense
+    average (mean of the seven tasks' ``acc``) when all seven ran. The acc/acc_norm choice per task is not stated
+    by the paper (lm-eval.md §5.2): both are listed."""
+    from rich.table import Table
+
+    table = Table(title=f"lm-eval {summary['model']}")
+    for col, justify in (("task", "left"), ("metric", "left"), ("score", "right"), ("n", "right"), ("shots", "right")):
+        table.add_column(col, justify=justify)
+    for task, metrics in summary["scores"].items():
+        for metric, value in metrics.items():
+            table.add_row(task, metric, f"{value:.2f}", str(summary["n_samples"].get(task, "")),
+                          str(summary["num_fewshot"].get(task, "")))
+    if all(t in summary["scores"] for t in COMMONSENSE_TASKS):
+        avg = sum(summary["scores"][t]["acc"] for t in COMMONSENSE_TASKS) / len(COMMONSENSE_TASKS)
+        table.add_section()
+        table.add_row("commonsense avg", "acc", f"{avg:.2f}", "", "", style="bold")
+    return table
