@@ -523,7 +523,8 @@ PYTHONPATH=. python scripts/make_demo_teacher.py --out /tmp/demo_teacher --devic
 | held-out text loss | {meta['val_loss']:.3f} nats/token (last 5 % of the dictionary) |
 
 Training log (losses: mean over the preceding 50 steps; probe: teacher-forced whole-answer exact match on 25
-seed-42 samples each of niah_single_1, niah_single_2, niah_multikey_1, with full / windowed layers 0 and 2):
+seed-42 samples each of niah_single_1, niah_single_2, niah_multikey_1, with full / windowed layers 0 and 2;
+tokens/s with three builds sharing the GPU and its 16 CPU cores, see Build history):
 
 | step | longest row | answer loss | text loss | probe EM full | probe EM windowed | tokens/s | elapsed s |
 |---|---|---|---|---|---|---|---|
