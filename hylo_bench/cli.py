@@ -169,6 +169,8 @@ def ruler(
     device: Optional[str] = typer.Option(None, "--device"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores."),
     list_tasks: bool = typer.Option(False, "--list-tasks", help="Print the task names and exit."),
+    strip_think: bool = typer.Option(False, "--strip-think/--no-strip-think",
+                                     help="Remove <think>...</think> spans from predictions before scoring."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -188,7 +190,7 @@ def ruler(
                             tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()],
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
-                            chat_template=chat_template, device=device)
+                            chat_template=chat_template, device=device, strip_think=strip_think)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
