@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import TextStreamer

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from transformers import GenerationConfig
 from typer.testing import CliRunner
 
 from hylo_bench.cli import app
@@ -85,7 +86,7 @@ def test_chat_template_is_applied_and_missing_one_is_named(upcycled, tiny_tokeni
 
 def test_sampling_is_seeded_and_options_are_checked(upcycled, tiny_tokenizer):
     out, student = upcycled
-    cfg = dict(model=str(out), prompt=PROMPT, max_new_tokens=NEW, temperature=1.5, top_p=0.95, top_k=50)
+    cfg = {"model": str(out), "prompt": PROMPT, "max_new_tokens": NEW, "temperature": 1.5, "top_p": 0.95, "top_k": 50}
     a = generate_text(student, tiny_tokenizer, GenerateConfig(**cfg, seed=1)).token_ids
     b = generate_text(student, tiny_tokenizer, GenerateConfig(**cfg, seed=1)).token_ids
     c = generate_text(student, tiny_tokenizer, GenerateConfig(**cfg, seed=2)).token_ids
@@ -110,7 +111,7 @@ class _ScriptedModel(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
         self.new_ids = new_ids
-        self.generation_config = __import__("transformers").GenerationConfig()
+        self.generation_config = GenerationConfig()
 
     def generate(self, input_ids, attention_mask, streamer=None, generation_config=None):
         assert generation_config.do_sample is False and generation_config.max_new_tokens == 64
@@ -134,8 +135,8 @@ def test_streamed_output_strips_think_spans(tiny_tokenizer, raw, shown):
     cfg = GenerateConfig(model="scripted", prompt=PROMPT, max_new_tokens=64, strip_think=True)
     result = generate_text(_ScriptedModel(new_ids), tiny_tokenizer, cfg, on_text=pieces.append)
     assert result.text == shown and "".join(pieces) == shown and result.token_ids == new_ids
-    plain = generate_text(_ScriptedModel(new_ids), tiny_tokenizer, GenerateConfig(**{
-        "model": "scripted", "prompt": PROMPT, "max_new_tokens": 64}), on_text=pieces.append)
+    plain = generate_text(_ScriptedModel(new_ids), tiny_tokenizer,
+                          GenerateConfig(model="scripted", prompt=PROMPT, max_new_tokens=64))
     assert plain.text == raw
 
 

@@ -12,7 +12,8 @@ conv / recurrence never read the padding behind them.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
