@@ -169,6 +169,8 @@ def ruler(
     device: Optional[str] = typer.Option(None, "--device"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores."),
     list_tasks: bool = typer.Option(False, "--list-tasks", help="Print the task names and exit."),
+    strip_think: bool = typer.Option(False, "--strip-think/--no-strip-think",
+                                     help="Remove <think>...</think> spans from predictions before scoring."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -188,7 +190,7 @@ def ruler(
                             tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()],
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
-                            chat_template=chat_template, device=device)
+                            chat_template=chat_template, device=device, strip_think=strip_think)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
@@ -300,6 +302,47 @@ def eval_(
     console.print(f"results: {result['results_path']} (lm-eval: {result['lm_eval_results_path']})")
     if as_json:
         typer.echo(json.dumps(result))
+
+
+@app.command()
+def generate(
+    model: str = typer.Argument(..., help="Hub id, local checkpoint dir (HyLo or plain transformers) or 'demo'."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text (the user turn with --chat)."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the tokenizer's chat template."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Most new tokens (stops earlier at EOS)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (default); > 0 samples."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass in (0, 1] (sampling only; "
+                                          "default off)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the K most likely tokens (sampling only; "
+                                        "default off)."),
+    seed: int = typer.Option(0, "--seed", help="Torch seed (sampling reproducibility)."),
+    strip_think: bool = typer.Option(False, "--strip-think", help="Hide <think>...</think> spans."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 / fp16 / fp32 (default: bf16 on GPU, "
+                                        "fp32 on CPU)."),
+) -> None:
+    """Generate a continuation of one prompt, streamed to stdout (greedy unless --temperature > 0)."""
+    import sys
+    import time
+
+    from hylo_bench.generate import GenerateConfig, run as run_generate
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        cfg = GenerateConfig(model=model, prompt=prompt, chat=chat, max_new_tokens=max_new_tokens,
+                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, strip_think=strip_think,
+                             device=device, dtype=dtype)
+        t0 = time.perf_counter()
+        result, info = run_generate(cfg, on_text=emit)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    emit("\n")
+    dt = time.perf_counter() - t0
+    console.print(f"[dim]{info['name']} ({info['layout']}): {result.prompt_tokens} prompt + "
+                  f"{len(result.token_ids)} new tokens, {dt:.1f} s with loading[/]")
 
 
 if __name__ == "__main__":

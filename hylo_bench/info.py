@@ -54,7 +54,8 @@ def resolve_target(spec: str) -> Target:
     if R.find_recipe(spec) is None:
         raise R.RecipeError(f"{spec!r} is not a checkpoint directory, and {R.unknown_recipe_message(spec)}")
     recipe = R.load_recipe(spec)
-    return Target(name=recipe.name, kind="recipe", config=R.recipe_hybrid_config(recipe), path=recipe.source,
+    return Target(name=recipe.name, kind="recipe", config=R.recipe_hybrid_config(recipe, hf_base=False),
+                  path=recipe.source,
                   trained_context_tokens=recipe.trained_context_tokens, stored_dtype="float32", recipe=recipe)
 
 
@@ -74,30 +75,37 @@ def _checkpoint_context(d: Path) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def parameter_counts(cfg) -> dict[str, Any]:
+def _tables_cover(cfg) -> bool:
+    """True when the checkpoint-format.md shape tables describe every tensor of this config's model (the
+    released layouts: LoRA q path, no LoRA norms, no biases)."""
+    return (cfg.q_lora_rank is not None and not cfg.use_lora_layer_norm and not cfg.attention_bias
+            and not getattr(cfg, "mlp_bias", False))
+
+
+def parameter_counts(cfg, *, meta_model: bool = False) -> dict[str, Any]:
     """Parameter counts of the hybrid: total, per component, per mixer type, per layer, per mixer tensor.
 
-    Built on the meta device (no memory, no init compute). When this build has no class for the linear
-    mixer (Mamba-2 before its module lands) the counts come from the shape tables of checkpoint-format.md
-    (``source`` says which).
+    Computed from the shape tables of checkpoint-format.md §4 when they cover the config (no torch model, no
+    transformers modeling import: ``info`` stays fast; tests/test_info.py checks they equal the meta-device
+    model for every recipe), else (or with ``meta_model``) from ``HyLoForCausalLM`` built on the meta device
+    (no memory, no init compute). ``source`` says which. ``fp32_params``: GDN ``A_log`` / ``dt_bias``.
     """
-    import torch
+    if meta_model or not _tables_cover(cfg):
+        import torch
 
-    from hylo_bench.models.hybrid import HyLoForCausalLM
+        from hylo_bench.models.hybrid import HyLoForCausalLM
 
-    try:
         with torch.device("meta"):
             model = HyLoForCausalLM(cfg)
-    except NotImplementedError as e:
-        logger.warning("no mixer class for linear_type %r in this build (%s); counting parameters from the "
-                       "checkpoint-format.md shape tables", cfg.linear_type, e)
-        return _analytic_counts(cfg)
-    named = {k: v.numel() for k, v in model.named_parameters()}
+        named, source = {k: v.numel() for k, v in model.named_parameters()}, "meta-device model"
+    else:
+        named, source = _analytic_named(cfg), "shape tables (checkpoint-format.md §4)"
     fp32 = sum(n for k, n in named.items() if k.endswith(("A_log", "dt_bias")) and cfg.linear_type == "gdn")
-    return _aggregate(cfg, named, "meta-device model") | {"fp32_params": fp32}
+    return _aggregate(cfg, named, source) | {"fp32_params": fp32}
 
 
-def _analytic_counts(cfg) -> dict[str, Any]:
+def _analytic_named(cfg) -> dict[str, int]:
+    """Parameter name -> element count from the shape tables (``M.analytic_mixer_params`` for the mixers)."""
     H, I = cfg.hidden_size, cfg.intermediate_size
     named = {"model.embed_tokens.weight": cfg.vocab_size * H, "model.norm.weight": H,
              "lm_head.weight": cfg.vocab_size * H}
@@ -107,8 +115,7 @@ def _analytic_counts(cfg) -> dict[str, Any]:
         named.update({pre + "mlp.gate_proj.weight": I * H, pre + "mlp.up_proj.weight": I * H,
                       pre + "mlp.down_proj.weight": H * I, pre + "input_layernorm.weight": H,
                       pre + "post_attention_layernorm.weight": H})
-    return _aggregate(cfg, named, "analytic (checkpoint-format.md §4; mixer class not in this build)") | \
-        {"fp32_params": 0}
+    return named
 
 
 def _aggregate(cfg, named: dict[str, int], source: str) -> dict[str, Any]:

@@ -132,3 +132,40 @@ def test_upcycle_recipe_flag_overrides_recipe(monkeypatch, tmp_path):
     res = runner.invoke(app, ["upcycle", "--recipe", "HyLo-Llama-6MLA22GDN-64K-SFT", "--out", str(tmp_path / "o"),
                               "--set", "mla.kv_lora_rank=big"])
     assert res.exit_code == 2 and "'mla.kv_lora_rank' should be int" in " ".join(res.output.split())
+
+
+def test_fast_recipe_path_equals_the_meta_device_model_for_every_recipe(monkeypatch):
+    """``info`` on a recipe skips transformers' model configs and the torch model (speed); the result must be
+    what the HF-config + meta-device path gives: every count, per tensor, and every KV / state number."""
+    from hylo_bench import info as I
+    from hylo_bench.upcycle import recipes as R
+
+    for name in R.list_recipes():
+        fast = I.describe(name)
+        cfg = R.recipe_hybrid_config(R.load_recipe(name))  # HF LlamaConfig / Qwen3Config base
+        assert fast["params_detail"]["source"].startswith("shape tables"), name
+        meta = I.parameter_counts(cfg, meta_model=True)
+        assert meta["source"] == "meta-device model"
+        for key in ("total", "by_component", "by_mixer_type", "per_mixer_tensor", "fp32_params"):
+            assert fast["params_detail"][key] == meta[key], (name, key)
+        assert [{k: lay[k] for k in ("params", "mixer_params")} for lay in fast["layers"]] == meta["per_layer"]
+        with monkeypatch.context() as m:
+            m.setattr(R, "recipe_hybrid_config", lambda recipe, hf_base=True: cfg)
+            m.setattr(I, "parameter_counts", lambda c, meta_model=False: meta)
+            slow = I.describe(name)
+        assert {k: v for k, v in slow.items() if k != "params_detail"} == \
+            {k: v for k, v in fast.items() if k != "params_detail"}, name
+
+
+def test_info_on_a_recipe_imports_no_modeling_code():
+    import subprocess
+    import sys
+
+    code = ("import sys; from hylo_bench.cli import app\n"
+            "try:\n    app(['info', 'HyLo-Qwen-7MLA21GDN-8K-SFT', '--json'])\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in ('sklearn', 'transformers.modeling_utils', 'transformers.generation.utils', "
+            "'torch._dynamo', 'hylo_bench.models.hybrid') if m in sys.modules]\n"
+            "print('LOADED', bad, file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "LOADED []" in res.stderr, res.stderr[-2000:]
+    assert json.loads(res.stdout)["kv_cache_bytes_per_token"] == 4480

@@ -334,20 +334,50 @@ def mixer_dims(recipe: Recipe) -> dict[str, Any]:
     return dims
 
 
-def recipe_hybrid_config(recipe: Recipe):
+class ArchitectureConfig:
+    """The recipe's ``base_architecture`` as a read-only config object (attribute per key, None when absent,
+    ``to_dict``), standing in for the HF config where importing transformers' model configs is too slow
+    (``hylo-bench info``: ``LlamaConfig`` pulls in scikit-learn through transformers' generation utils)."""
+
+    def __init__(self, arch: dict[str, Any]) -> None:
+        self._arch = copy.deepcopy(dict(arch))
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        return self._arch.get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self._arch)
+
+
+def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
     """The ``HyLoConfig`` of a recipe, built offline through the same path as upcycling a real backbone
-    (:func:`hylo_bench.upcycle.transfer.hybrid_config_for`).
+    (:func:`hylo_bench.upcycle.student_config.hybrid_config_for`).
+
+    Args:
+        hf_base: build the backbone config with transformers (``base_config`` then holds every HF default);
+            False uses the recipe's ``base_architecture`` keys alone (:class:`ArchitectureConfig`: the same
+            hybrid dims, no transformers model-config import; what ``info`` / ``kv`` use).
 
     Raises:
-        RecipeError: when the recipe's MLA KV-head count or q/k-norm switch disagrees with its backbone.
+        RecipeError: when the recipe's MLA KV-head count or q/k-norm switch disagrees with its backbone, or
+            the backbone ``model_type`` is not llama / qwen3.
         ValueError: from ``HyLoConfig`` validation (bad ranks, indices).
     """
-    from hylo_bench.upcycle.transfer import hybrid_config_for
+    from hylo_bench.upcycle.student_config import hybrid_config_for
 
-    base = base_config_for(recipe)
-    if recipe.mla["num_key_value_heads"] != base.num_key_value_heads:
+    if hf_base:
+        base = base_config_for(recipe)
+    else:
+        if recipe.base_architecture.get("model_type") not in ("llama", "qwen3"):
+            raise RecipeError(f"{recipe.source}: key 'base_architecture.model_type' should be one of "
+                              f"['llama', 'qwen3'], got {recipe.base_architecture.get('model_type')!r}")
+        base = ArchitectureConfig(recipe.base_architecture)
+    n_kv = base.num_key_value_heads or base.num_attention_heads
+    if recipe.mla["num_key_value_heads"] != n_kv:
         raise RecipeError(f"{recipe.source}: key 'mla.num_key_value_heads' = {recipe.mla['num_key_value_heads']} "
-                          f"but the backbone has {base.num_key_value_heads} KV heads (released layouts keep "
+                          f"but the backbone has {n_kv} KV heads (released layouts keep "
                           f"n_kvm = n_kv, checkpoint-format.md §4.3 (c))")
     if recipe.mla["use_qk_norm"] != (base.model_type == "qwen3"):
         raise RecipeError(f"{recipe.source}: key 'mla.use_qk_norm' = {recipe.mla['use_qk_norm']} but the "

@@ -47,6 +47,8 @@ class RulerConfig:
         batch_size: prompts per ``generate`` call (left-padded when > 1).
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
         device: ``cpu`` / ``cuda`` (default: cuda when available).
+        strip_think: remove ``<think>...</think>`` spans from predictions before scoring
+            (:func:`hylo_bench.tasks.text.strip_think`; for Qwen3-based checkpoints).
     """
 
     model: str
@@ -59,6 +61,7 @@ class RulerConfig:
     batch_size: int = 1
     chat_template: bool = False
     device: str | None = None
+    strip_think: bool = False
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
@@ -187,8 +190,9 @@ def _header(model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: st
     }
 
 
-def _record(task: str, length: int, seed: int, samples: list[dict], predictions: list[str]) -> dict:
-    agg = task_score(task, predictions, [s["outputs"] for s in samples], flavor=FLAVOR)
+def _record(task: str, length: int, seed: int, samples: list[dict], predictions: list[str],
+            strip_think: bool = False) -> dict:
+    agg = task_score(task, predictions, [s["outputs"] for s in samples], flavor=FLAVOR, strip_think=strip_think)
     prompt_tokens = [s["prompt_tokens"] for s in samples]
     return {
         "task": task,
@@ -274,7 +278,7 @@ def evaluate_model(
                 progress.remove_task(gen_bar)
                 max_new = get_task(task).max_gen_toks
                 preds = _predict(model, tokenizer, samples, cfg, max_new, lambda k: progress.advance(bar, k))
-                record = _record(task, length, cfg.seed, samples, preds)
+                record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think)
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
                 atomic_write_json(path, doc)

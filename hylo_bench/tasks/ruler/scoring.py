@@ -11,6 +11,7 @@ import re
 from typing import Iterable, Sequence
 
 from hylo_bench.tasks.ruler.registry import get_task
+from hylo_bench.tasks.text import strip_think as _strip_think
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 FLAVORS = ("lm-eval", "original")
@@ -49,31 +50,36 @@ def string_match_part(prediction: str, golds: Sequence[str], flavor: str = "orig
     return 1.0 if any(gold.lower() in pred for gold in golds) else 0.0
 
 
-def score_prediction(task: str, prediction: str, golds: Sequence[str], flavor: str = "lm-eval") -> float:
+def score_prediction(task: str, prediction: str, golds: Sequence[str], flavor: str = "lm-eval",
+                     strip_think: bool = False) -> float:
     """Score one raw model continuation against the gold list with the task's metric, in [0, 1].
 
-    The prediction is post-processed first (:func:`postprocess_pred`).
+    The prediction is post-processed first: ``<think>`` spans removed when ``strip_think``
+    (:func:`hylo_bench.tasks.text.strip_think`), then :func:`postprocess_pred`.
 
     Raises:
         ValueError: unknown task or flavor.
     """
     spec = get_task(task)
-    pred = postprocess_pred(prediction)
+    pred = postprocess_pred(_strip_think(prediction) if strip_think else prediction)
     if spec.metric == "string_match_all":
         return string_match_all(pred, golds)
     return string_match_part(pred, golds, flavor=flavor)
 
 
-def task_score(task: str, predictions: Sequence[str], golds: Sequence[Sequence[str]], flavor: str = "lm-eval") -> dict:
+def task_score(task: str, predictions: Sequence[str], golds: Sequence[Sequence[str]], flavor: str = "lm-eval",
+               strip_think: bool = False) -> dict:
     """Aggregate one (task, length): ``score`` = 100 x mean per-sample score, ``n``, ``nulls`` (empty predictions).
+
+    ``strip_think`` removes ``<think>`` spans before scoring and before counting nulls (see ``score_prediction``).
 
     Raises:
         ValueError: length mismatch or no samples.
     """
     if len(predictions) != len(golds) or not predictions:
         raise ValueError(f"need equal, non-zero numbers of predictions and golds; got {len(predictions)}, {len(golds)}")
-    scores = [score_prediction(task, p, g, flavor) for p, g in zip(predictions, golds)]
-    nulls = sum(1 for p in predictions if not postprocess_pred(p))
+    scores = [score_prediction(task, p, g, flavor, strip_think) for p, g in zip(predictions, golds)]
+    nulls = sum(1 for p in predictions if not postprocess_pred(_strip_think(p) if strip_think else p))
     return {"score": 100.0 * sum(scores) / len(scores), "n": len(scores), "nulls": nulls}
 
 
