@@ -62,13 +62,14 @@ HAYSTACK_PATH = REPO / "hylo_bench" / "data" / "devils-dictionary.txt"
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
               "niah_multikey_3", "niah_multiquery", "niah_multivalue")
-TASK_WEIGHTS = {t: 1.0 for t in NIAH_TASKS} | {"niah_single_1": 2.0, "niah_single_2": 2.0, "niah_multikey_1": 2.0,
-                                               "ruler_vt": 0.5, "ruler_cwe": 0.5, "ruler_fwe": 0.5}
+TOKENIZER_TASKS = (*NIAH_TASKS, "ruler_vt", "ruler_cwe", "ruler_fwe")
+"""RULER tasks whose prompts (16 each) join the dictionary in the tokenizer's BPE corpus (order matters)."""
 EVAL_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
 EVAL_SEED = 42
 TRAIN_SEED_OFFSET = 1000
 LOCAL_LAYERS = (0, 2)
-MAX_NEW_TOKENS = {"ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
+EVAL_MAX_NEW = 48
+"""Generated-token cap of the NIAH evals (an answer is about 6 tokens plus EOS)."""
 console = Console()
 
 
@@ -111,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe-every", type=int, default=500, help="steps between teacher-forced probe evals")
     p.add_argument("--eval-samples", type=int, default=50, help="seed-42 samples per task for the final eval")
     p.add_argument("--eval-length", type=int, default=1024, help="eval target length, tokens")
-    p.add_argument("--eval-max-new", type=int, default=0, help="cap on generated tokens (0 = per-task default)")
+    p.add_argument("--eval-max-new", type=int, default=0, help="cap on generated tokens (0 = EVAL_MAX_NEW)")
     p.add_argument("--eval-only", type=Path, default=None, help="only evaluate this checkpoint folder")
     return p.parse_args(argv)
 
@@ -150,7 +151,7 @@ def build_tokenizer(haystack: str, args: argparse.Namespace, workdir: Path):
     boot = wrap_tokenizer(train_tokenizer(_paragraphs(haystack), args.vocab_size))
     boot_dir = workdir / "bootstrap_tokenizer"
     boot.save_pretrained(boot_dir)
-    specs = [(task, 1024, i, args.seed + TRAIN_SEED_OFFSET + 1) for task in TASK_WEIGHTS for i in range(16)]
+    specs = [(task, 1024, i, args.seed + TRAIN_SEED_OFFSET + 1) for task in TOKENIZER_TASKS for i in range(16)]
     texts = _run_pool(_text_worker, specs, boot_dir, args.workers, "tokenizer text")
     return wrap_tokenizer(train_tokenizer(_paragraphs(haystack) + texts, args.vocab_size))
 
@@ -436,7 +437,7 @@ def evaluate(model, tokenizer, samples: list[dict], device: torch.device, max_ne
         for i in range(0, len(group), batch):
             chunk = group[i:i + batch]
             preds += greedy_batch(model, tokenizer, [s["prompt"] for s in chunk],
-                                  max_new or MAX_NEW_TOKENS.get(task, 48), device)
+                                  max_new or EVAL_MAX_NEW, device)
         scores = [score_prediction(task, p, s["outputs"]) for p, s in zip(preds, group)]
         result[task] = {"score": 100 * float(np.mean(scores)), "n": len(group),
                         "example": {"gold": group[0]["outputs"], "pred": preds[0]}}

@@ -8,10 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 inputs, float32 for every other float dtype (the ops' internal precision)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from hylo_bench.kernels.gated_delta._common import compute_dtype  # noqa: F401  (shared float32/float64 rule)
 
 
 def check_inputs(
