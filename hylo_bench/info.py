@@ -23,7 +23,7 @@ class Target:
 
     name: str
     kind: str
-    config: Any  # HyLoConfig
+    config: Any  # HybridSpec (plain Python, hylo_bench.models.spec)
     path: str
     trained_context_tokens: int | None
     stored_dtype: str | None
@@ -38,7 +38,7 @@ def resolve_target(spec: str) -> Target:
         FileNotFoundError: a directory without ``hybrid_config.json``.
         ValueError: neither a directory nor a known recipe (close recipe names listed); bad config values.
     """
-    from hylo_bench.models.config import HYBRID_CONFIG_NAME, HyLoConfig
+    from hylo_bench.models.spec import HYBRID_CONFIG_NAME, HybridSpec
     from hylo_bench.upcycle import recipes as R
 
     p = Path(spec).expanduser()
@@ -46,7 +46,7 @@ def resolve_target(spec: str) -> Target:
         if not (p / HYBRID_CONFIG_NAME).is_file():
             raise FileNotFoundError(f"{p}: no {HYBRID_CONFIG_NAME}; `info`/`kv` describe HyLo hybrids (a recipe "
                                     f"name or a hybrid checkpoint directory)")
-        cfg = HyLoConfig.from_directory(p)
+        cfg = HybridSpec.from_directory(p)
         base = cfg.base_config or {}
         return Target(name=p.name, kind="checkpoint", config=cfg, path=str(p),
                       trained_context_tokens=_checkpoint_context(p),
@@ -95,8 +95,9 @@ def parameter_counts(cfg, *, meta_model: bool = False) -> dict[str, Any]:
 
         from hylo_bench.models.hybrid import HyLoForCausalLM
 
+        hcfg = cfg.to_hylo_config() if hasattr(cfg, "to_hylo_config") else cfg
         with torch.device("meta"):
-            model = HyLoForCausalLM(cfg)
+            model = HyLoForCausalLM(hcfg)
         named, source = {k: v.numel() for k, v in model.named_parameters()}, "meta-device model"
     else:
         named, source = _analytic_named(cfg), "shape tables (checkpoint-format.md §4)"

@@ -357,14 +357,16 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
 
     Args:
         hf_base: build the backbone config with transformers (``base_config`` then holds every HF default);
-            False uses the recipe's ``base_architecture`` keys alone (:class:`ArchitectureConfig`: the same
-            hybrid dims, no transformers model-config import; what ``info`` / ``kv`` use).
+            False uses the recipe's ``base_architecture`` keys alone (:class:`ArchitectureConfig`) and returns a
+            :class:`hylo_bench.models.spec.HybridSpec` (the same fields, no transformers or torch import; what
+            ``info`` / ``kv`` use).
 
     Raises:
         RecipeError: when the recipe's MLA KV-head count or q/k-norm switch disagrees with its backbone, or
             the backbone ``model_type`` is not llama / qwen3.
         ValueError: from ``HyLoConfig`` validation (bad ranks, indices).
     """
+    from hylo_bench.models.spec import HybridSpec
     from hylo_bench.upcycle.student_config import hybrid_config_for
 
     if hf_base:
@@ -382,7 +384,8 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
     if recipe.mla["use_qk_norm"] != (base.model_type == "qwen3"):
         raise RecipeError(f"{recipe.source}: key 'mla.use_qk_norm' = {recipe.mla['use_qk_norm']} but the "
                           f"backbone is {base.model_type!r} (q/k norms exactly for Qwen3, §4.3 (d))")
-    return hybrid_config_for(base, list(recipe.mla_layers), recipe.linear_type, **mixer_dims(recipe))
+    return hybrid_config_for(base, list(recipe.mla_layers), recipe.linear_type,
+                             config_cls=None if hf_base else HybridSpec, **mixer_dims(recipe))
 
 
 def stages_spec(recipe: Recipe) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-from hylo_bench.models.config import HyLoConfig
 
 # Released MLA / GDN dimensions per backbone shape (checkpoint-format.md §3.3), keyed by
 # (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim).
@@ -49,8 +48,11 @@ def default_mixer_dims(base_config) -> dict:
                 gdn_num_heads=max(1, round(0.75 * H / gdn_head)), gdn_head_dim=gdn_head)
 
 
-def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gdn", **overrides) -> HyLoConfig:
+def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gdn", *, config_cls=None,
+                      **overrides):
     """``HyLoConfig`` for upcycling ``base_config`` (an HF ``PretrainedConfig``) with the given MLA layers.
+
+    ``config_cls``: the class to build (default ``HyLoConfig``; ``HybridSpec`` keeps transformers unimported).
 
     Raises:
         ValueError: for an unsupported base (needs Llama/Qwen3-style attention) or bad overrides.
@@ -70,7 +72,9 @@ def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gd
                                     "repeat_kv_before_conv": False})
         dims.setdefault("d_inner", b["num_heads"] * b["head_dim"])
         dims.setdefault("d_xb", b["num_kv_heads"] * b["head_dim"])
-    return HyLoConfig(
+    if config_cls is None:
+        from hylo_bench.models.config import HyLoConfig as config_cls
+    return config_cls(
         vocab_size=base_config.vocab_size, hidden_size=b["hidden_size"],
         intermediate_size=base_config.intermediate_size, hidden_act=getattr(base_config, "hidden_act", "silu"),
         n_layer=b["n_layer"], mla_layers=mla_layers, rms_norm_eps=base_config.rms_norm_eps,
