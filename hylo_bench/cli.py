@@ -87,6 +87,10 @@ def upcycle(
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute each layer."),
     eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where the default results store lives "
+                                               "(default hylo-results); the training log is added after every stage."),
+    db: Optional[str] = typer.Option(None, "--db", help="Results store path / URL (default: $HYLO_BENCH_DB, else "
+                                     "RESULTS_DIR/hylo_bench.sqlite)."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
     from hylo_bench.upcycle.recipes import resolve_upcycle_cli
@@ -98,7 +102,7 @@ def upcycle(
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
-            eval_windows=eval_windows))
+            eval_windows=eval_windows, results_dir=str(results_dir) if results_dir else None, db=db))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
@@ -206,16 +210,20 @@ def report(
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output"),
     title: Optional[str] = typer.Option(None, "--title"),
-    db: Optional[str] = typer.Option(None, "--db", help="Full report from this results store (path / URL)."),
-    models: Optional[str] = typer.Option(None, "--models", help="With --db: only these models, e.g. A,B."),
-    images: Optional[Path] = typer.Option(None, "--images", help="With --db: also write PNG/SVG figures and "
-                                          "CSV/Markdown tables into this folder (PNG/SVG need kaleido + Chromium)."),
+    db: Optional[str] = typer.Option(None, "--db", help="Results store: a file path or SQLAlchemy URL (default: "
+                                     "$HYLO_BENCH_DB, else RESULTS_DIR/hylo_bench.sqlite)."),
+    models: Optional[str] = typer.Option(None, "--models", help="Only these models, e.g. A,B."),
+    images: Optional[Path] = typer.Option(None, "--images", help="Also write PNG/SVG figures and CSV/Markdown "
+                                          "tables into this folder (PNG/SVG need kaleido + Chromium)."),
+    files_only: bool = typer.Option(False, "--files-only", help="Light report from the RULER files and manifests "
+                                    "under --results-dir alone (no store)."),
 ) -> None:
-    """Write one self-contained HTML report from a results directory or the results store."""
+    """Write one self-contained HTML report from the results store (first importing new files under
+    --results-dir), or with --files-only from the result files alone."""
     from hylo_bench.reports import build_report
 
     try:
-        path = build_report(results_dir, output, title=title, db=db, images_dir=images,
+        path = build_report(results_dir, output, title=title, db=db, images_dir=images, files_only=files_only,
                             models=[m for m in models.split(",") if m] if models else None)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

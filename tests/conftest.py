@@ -11,6 +11,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _isolated_results_store(tmp_path, monkeypatch):
+    """Commands add results to the store as they go (default ./hylo-results/hylo_bench.sqlite): point every test
+    at its own store so none writes into the checkout. Tests of the default location delenv it."""
+    monkeypatch.setenv("HYLO_BENCH_DB", str(tmp_path / "_test_store.sqlite"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -232,12 +232,17 @@ def build_report(
     db: str | Path | None = None,
     models: list[str] | None = None,
     images_dir: str | Path | None = None,
+    files_only: bool = False,
 ) -> Path:
-    """Build one self-contained HTML report (opens offline) from every result file under ``results_dir``, or from
-    the results store when ``db`` is given.
+    """Build one self-contained HTML report (opens offline).
 
-    Sections: RULER mean vs length (one line per model), per-task heatmaps per model, per-length score tables
-    (tasks + mean x models), a models table, and upcycle training losses when manifests are found.
+    By default from the results store (``db``, else ``$HYLO_BENCH_DB``, else ``RESULTS_DIR/hylo_bench.sqlite``),
+    after importing the result files under ``results_dir`` it lacks: Figure 1, RULER vs length with the paper's
+    rows, per-task heatmaps, commonsense table, serving sweep, training curves (``store_report``).
+
+    With ``files_only``, a lighter report from the RULER result files and upcycle manifests under ``results_dir``
+    alone, touching no database: RULER mean vs length, per-task heatmaps, per-length score tables, a models
+    table, and upcycle training losses.
 
     Args:
         results_dir: Directory searched recursively for RULER result files and upcycle manifests.
@@ -245,25 +250,24 @@ def build_report(
         title: Page title; defaults to ``"hylo-bench report: <results_dir name>"``.
         strict: Raise on a malformed result file instead of skipping it with a warning (listed in the report).
         tables_dir: If given, also write every table as CSV there (see :func:`write_tables`).
-        db: Build the full report from this results store (path or SQLAlchemy URL, see ``store.resolve_url``)
-            instead of scanning ``results_dir``: adds Figure 1, the paper's rows, commonsense, serving sweep and
-            training sections (see ``store_report``).
-        models: With ``db``: only these model names.
-        images_dir: With ``db``: also export every figure as PNG/SVG and every table as CSV/Markdown there.
+        db: The results store (path or SQLAlchemy URL, see ``store.resolve_url``).
+        models: Only these model names (store report).
+        images_dir: Also export every figure as PNG/SVG and every table as CSV/Markdown there (store report).
+        files_only: The file-scan report (no store).
 
     Returns:
         The path of the written HTML file.
 
     Raises:
-        ValueError: if no RULER results are found, or (strict) a result file is malformed.
+        ValueError: if no results are found, or (strict, files only) a result file is malformed.
     """
     results_dir, out_html = Path(results_dir), Path(out_html)
-    if db is not None:
+    if not files_only:
         from hylo_bench.reports.store_report import build_store_report
 
         return build_store_report(db, results_dir, out_html, title=title, models=models, images_dir=images_dir)[0]
-    if models or images_dir is not None:
-        raise ValueError("--models and --images need the results store: pass --db")
+    if models or images_dir is not None or db is not None:
+        raise ValueError("--models, --images and --db use the results store; drop --files-only")
     df, losses = load_results(results_dir, strict=strict), load_manifests(results_dir, strict=strict)
     skipped = df.attrs["skipped"] + losses.attrs["skipped"]
     title = title or f"hylo-bench report: {results_dir.resolve().name}"

@@ -49,7 +49,7 @@ _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
 }
 _STAGE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,),
-    "seq_len": (int,),
+    "seq_len_tokens": (int,),  # what `hylo-bench upcycle` writes; manifests of 0.1.0 test fixtures said seq_len
     "kind": (str,),
     "tokens_seen": (int,),
     "losses": (list,),
@@ -171,12 +171,14 @@ def parse_manifest(obj: dict[str, Any], run: str, manifest_file: str) -> list[di
     _check_fields(obj, {"stages": (list,)}, "")
     rows = []
     for i, stage in enumerate(obj["stages"]):
+        if isinstance(stage, dict) and "seq_len_tokens" not in stage and "seq_len" in stage:
+            stage = {**stage, "seq_len_tokens": stage["seq_len"]}
         _check_fields(stage, _STAGE_FIELDS, f"stages[{i}].")
         for j, entry in enumerate(stage["losses"]):
             _check_fields(entry, _LOSS_FIELDS, f"stages[{i}].losses[{j}].")
             rows.append({
                 "run": run, "manifest_file": manifest_file, "stage_index": i, "stage": stage["name"],
-                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len"], "tokens_seen": stage["tokens_seen"],
+                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"], "tokens_seen": stage["tokens_seen"],
                 "step": entry["step"], "loss": float(entry["loss"]), "tokens": entry["tokens"],
             })  # fmt: skip
     return rows

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +18,9 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from hylo_bench.reports.ingest import Metric, RunRecord, parse_file
+from hylo_bench.reports.ingest import Metric, RunRecord, detect_kind, parse_file, parse_object
+
+logger = logging.getLogger(__name__)
 
 DB_ENV = "HYLO_BENCH_DB"
 DB_FILENAME = "hylo_bench.sqlite"
@@ -257,6 +260,59 @@ def import_files(engine: Engine, paths: Iterable[str | Path]) -> list[SaveOutcom
     return save_runs(engine, records)
 
 
+def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
+           db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> SaveOutcome | None:
+    """Add one result (a parsed object with its ``source`` file name, or a file path) to the store as a command
+    produces it (``ruler``, ``eval``, ``upcycle`` after every stage). Growing runs extend their stored run.
+
+    A store failure is logged, not raised: the JSON file on disk already holds the results, and
+    ``hylo-bench import FILE`` adds it later. Returns the outcome, or None when it was not stored.
+    """
+    path = obj_or_path if isinstance(obj_or_path, (str, Path)) else source
+    try:
+        rec = parse_file(obj_or_path) if isinstance(obj_or_path, (str, Path)) else parse_object(obj_or_path, str(source))
+        engine = open_store(db, results_dir)
+        try:
+            return save_runs(engine, [rec])[0]
+        finally:
+            engine.dispose()
+    except (ValueError, sa.exc.SQLAlchemyError) as exc:
+        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc,
+                       path)
+        return None
+
+
+def sync_dir(engine: Engine, root: str | Path) -> tuple[list[SaveOutcome], list[tuple[str, str]]]:
+    """Import every results file under ``root`` (recursively: RULER files, upcycle manifests, benchmark / sweep
+    JSON, lm-eval ``results_*.json``) that the store does not hold yet; what ``report`` does before reading.
+
+    Each file is its own transaction and re-imports are no-ops. JSON files of no known kind (configs, tokenizer
+    files) are ignored; a results file that cannot be imported is returned in ``skipped`` with the reason.
+
+    Returns:
+        ``(outcomes, skipped)``; ``skipped`` holds ``(path, reason)`` pairs.
+
+    Raises:
+        ValueError: ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"--results-dir {str(root)!r}: not a directory")
+    outcomes, skipped = [], []
+    for path in sorted(root.rglob("*.json")):
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+            detect_kind(obj)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError):
+            continue  # not a results file (or not JSON): nothing claims it is one
+        try:
+            outcomes.extend(save_runs(engine, [parse_object(obj, str(path))]))
+        except (ValueError, sa.exc.SQLAlchemyError) as exc:
+            logger.warning("report: %s not imported: %s", path, exc)
+            skipped.append((str(path), str(exc)))
+    return outcomes, skipped
+
+
 def _metric_row(run_id: int, m: Metric) -> dict[str, Any]:
     return {"run_id": run_id, "task": m.task, "seq_len": m.seq_len, "metric": m.metric, "value": m.value, "n": m.n,
             "stderr": m.stderr, "flavor": m.flavor, "extra_json": None if m.extra is None else json.dumps(m.extra)}
@@ -307,22 +363,32 @@ def points_frame(engine: Engine) -> pd.DataFrame:
 
 
 def ruler_rows(engine: Engine) -> list[dict[str, Any]]:
-    """RULER rows of every stored RULER results file, in the shape of ``results.parse_ruler_run`` output."""
-    query = sa.select(metrics, runs.c.config_json, runs.c.source).join(runs).where(runs.c.kind == "ruler")
+    """RULER rows of every stored RULER run, in the shape of ``results.parse_ruler_run`` output.
+
+    The run's stored header (``config_json``, our results-file header) gives the model block and provenance;
+    runs saved without one (e.g. through :func:`save_runs` by other tools) fall back to the ``runs`` columns.
+    """
+    query = sa.select(metrics, runs.c.config_json, runs.c.source, runs.c.model.label("run_model"),
+                      runs.c.layout.label("run_layout"), runs.c.model_hash.label("run_model_hash"),
+                      runs.c.checkpoint.label("run_checkpoint"), runs.c.git_sha.label("run_git_sha"),
+                      runs.c.hylo_bench_version.label("run_version"), runs.c.created_utc.label("run_created"),
+                      ).join(runs).where(runs.c.kind == "ruler")  # fmt: skip
     with engine.connect() as conn:
         stored = conn.execute(query.order_by(metrics.c.id)).all()
     out, headers = [], {}
     for r in stored:
         header = headers.setdefault(r.run_id, json.loads(r.config_json))
-        model = header["model"]
+        model = header.get("model") or {}
         out.append({
-            "model": model["name"], "model_layout": model["layout"], "model_kind": model["kind"],
-            "model_hash": model["hash"], "model_path": model["path"], "task": r.task, "seq_len": r.seq_len,
+            "model": model.get("name", r.run_model), "model_layout": model.get("layout", r.run_layout),
+            "model_kind": model.get("kind"), "model_hash": model.get("hash", r.run_model_hash),
+            "model_path": model.get("path", r.run_checkpoint), "task": r.task, "seq_len": r.seq_len,
             "score": r.value, "n": r.n, **json.loads(r.extra_json or "{}"),
-            "samples_per_task": header["samples_per_task"], "chat_template": header["chat_template"],
-            "flavor": r.flavor, "tokenizer_hash": header["tokenizer_hash"], "git_sha": header["git_sha"],
-            "hylo_bench_version": header["hylo_bench_version"], "created_utc": header["created_utc"],
-            "run_file": r.source,
+            "samples_per_task": header.get("samples_per_task", r.n), "chat_template": header.get("chat_template"),
+            "flavor": r.flavor, "tokenizer_hash": header.get("tokenizer_hash"),
+            "git_sha": header.get("git_sha", r.run_git_sha),
+            "hylo_bench_version": header.get("hylo_bench_version", r.run_version),
+            "created_utc": header.get("created_utc", r.run_created), "run_file": r.source,
         })  # fmt: skip
     return out
 

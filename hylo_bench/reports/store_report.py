@@ -25,7 +25,8 @@ from hylo_bench.reports import store
 from hylo_bench.reports.compare import PAPER_COLUMNS
 from hylo_bench.reports.paper import load_paper_tables, match_paper_row, paper_frame
 from hylo_bench.reports.report import (
-    _CSS, _LOADER, _figure_html, _scores_table_html, _text_table_html, format_tokens, loss_figure, task_figures,
+    _CSS, _LOADER, _figure_html, _scores_table_html, _skipped_html, _text_table_html, format_tokens, loss_figure,
+    task_figures,
 )
 from hylo_bench.reports.results import (
     LOSS_COLUMNS, RESULT_COLUMNS, models_table, results_frame, ruler_means, task_tables,
@@ -49,6 +50,7 @@ class StoreData:
     points: pd.DataFrame  # serving points: model, seq_len, status, SERVING_PANELS fields, benchmark, run_id
     other_points: list[str]  # benchmarks whose records are not serving points (not drawn)
     source: str
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (file, reason) not imported
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -137,7 +139,7 @@ def build(data: StoreData, title: str) -> Report:
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
         f"<style>{_CSS} .nodata {{ color: #777; font-style: italic; }}</style>\n"
         f"<script>{plotly.offline.get_plotlyjs()}</script>\n</head>\n<body>\n"
-        f'<h1>{html.escape(title)}</h1>\n<p class="meta">{meta}</p>\n' + "".join(parts)
+        f'<h1>{html.escape(title)}</h1>\n<p class="meta">{meta}</p>\n' + _skipped_html(data.skipped) + "".join(parts)
         + f"<script>{_LOADER}</script>\n</body>\n</html>\n"
     )  # fmt: skip
     return Report(html=page, figures=figs, tables=tables)
@@ -254,14 +256,32 @@ def export(rep: Report, out_dir: str | Path) -> list[str]:
 
 
 def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, title: str | None = None,
-                       models: list[str] | None = None, images_dir: str | Path | None = None) -> tuple[Path, list[str]]:
-    """Read the store, write the report (atomically), export figures and tables when ``images_dir`` is given.
+                       models: list[str] | None = None, images_dir: str | Path | None = None,
+                       sync: bool = True) -> tuple[Path, list[str]]:
+    """Bring the store up to date with ``results_dir``, read it, write the report (atomically), and export
+    figures and tables when ``images_dir`` is given.
+
+    Args:
+        db: store path / URL (None: ``$HYLO_BENCH_DB``, else ``RESULTS_DIR/hylo_bench.sqlite``).
+        sync: first import the results files under ``results_dir`` that the store lacks
+            (:func:`store.sync_dir`; idempotent); files that fail are listed in the report. When False (or
+            ``results_dir`` does not exist) the store must already exist.
 
     Returns:
         ``(path, notes)``: the HTML path and :func:`export`'s notes.
+
+    Raises:
+        ValueError: no store and nothing to import, an empty store, unknown ``models``.
     """
-    engine = store.open_store(db, results_dir, create=False)
-    rep = build(load_store(engine, models), title or "hylo-bench report: results store")
+    skipped: list[tuple[str, str]] = []
+    if sync and Path(results_dir).is_dir():
+        engine = store.open_store(db, results_dir)
+        skipped = store.sync_dir(engine, results_dir)[1]
+    else:
+        engine = store.open_store(db, results_dir, create=False)
+    data = load_store(engine, models)
+    data.skipped = skipped
+    rep = build(data, title or f"hylo-bench report: {Path(results_dir).resolve().name}")
     atomic_write_text(out_html, rep.html)
     notes = export(rep, images_dir) if images_dir is not None else []
     for note in notes:

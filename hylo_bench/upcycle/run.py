@@ -63,6 +63,8 @@ class UpcycleConfig:
     save_stage_checkpoints: bool = True
     gradient_checkpointing: bool = False
     mixer_overrides: dict = field(default_factory=dict)
+    results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
+    db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,9 +227,18 @@ def run(cfg: UpcycleConfig) -> dict:
         entry["status"] = "done"
         entry["finished_utc"] = _now()
         atomic_write_json(manifest_path, manifest)
+        _record_in_store(manifest, manifest_path, cfg)
         (out / "resume.pt").unlink(missing_ok=True)
     _save_student(student, tokenizer, out)
     manifest["final_checkpoint"] = str(out)
     manifest["finished_utc"] = _now()
     atomic_write_json(manifest_path, manifest)
+    _record_in_store(manifest, manifest_path, cfg)
     return manifest
+
+
+def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) -> None:
+    """Add the run's training log so far to the results store (after every stage; a failure is only logged)."""
+    from hylo_bench.reports import store
+
+    store.record(manifest, manifest_path, db=cfg.db, results_dir=cfg.results_dir)

@@ -52,7 +52,7 @@ def write_json(path: Path, obj: object) -> Path:
 MANIFEST = {
     "kind": "upcycle",
     "stages": [
-        {"name": "ild", "seq_len": 2048, "kind": "ild", "tokens_seen": 3000,
+        {"name": "ild", "seq_len_tokens": 2048, "kind": "ild", "tokens_seen": 3000,
          "losses": [{"step": 1, "loss": 4.5, "tokens": 1000}, {"step": 2, "loss": 3.25, "tokens": 2000}]},
         {"name": "long", "seq_len": 65536, "kind": "distill", "tokens_seen": 9000,
          "losses": [{"step": 1, "loss": 2.5, "tokens": 5000}]},
@@ -105,7 +105,7 @@ def test_strict_raises_naming_file_and_problem(results_dir: Path):
     with pytest.raises(ValueError, match=r"ruler_broken\.json.*seed: missing key"):
         load_results(results_dir, strict=True)
     with pytest.raises(ValueError, match=r"ruler_broken\.json"):
-        build_report(results_dir, results_dir / "report.html", strict=True)
+        build_report(results_dir, results_dir / "report.html", strict=True, files_only=True)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def test_no_results_is_a_clear_error(tmp_path: Path, only_unrelated: bool):
     if only_unrelated:
         write_json(tmp_path / "manifest.json", MANIFEST)
     with pytest.raises(ValueError, match=re.escape(f"no RULER results found in {tmp_path}; run `hylo-bench ruler")):
-        build_report(tmp_path, tmp_path / "report.html")
+        build_report(tmp_path, tmp_path / "report.html", files_only=True)
     assert not (tmp_path / "report.html").exists()
 
 
@@ -162,7 +162,7 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path):
 
 
 def test_build_report_is_self_contained_and_carries_the_data(results_dir: Path, tmp_path: Path):
-    out = build_report(results_dir, tmp_path / "out" / "report.html", tables_dir=tmp_path / "tables")
+    out = build_report(results_dir, tmp_path / "out" / "report.html", tables_dir=tmp_path / "tables", files_only=True)
     assert out == tmp_path / "out" / "report.html" and out.is_file()
     page = out.read_text(encoding="utf-8")
     assert "plotly.js v" in page and "Plotly.newPlot" in page and len(page) > 1_000_000
@@ -197,7 +197,7 @@ def test_build_report_is_self_contained_and_carries_the_data(results_dir: Path, 
 
 
 def test_tables_have_mean_row_and_models(results_dir: Path, tmp_path: Path):
-    page = build_report(results_dir, tmp_path / "r.html", title="My report").read_text(encoding="utf-8")
+    page = build_report(results_dir, tmp_path / "r.html", title="My report", files_only=True).read_text(encoding="utf-8")
     assert "<title>My report</title>" in page
     for seq_len in (1024, 4096):
         assert f"({seq_len} tokens)" in page
@@ -211,7 +211,7 @@ def test_tables_have_mean_row_and_models(results_dir: Path, tmp_path: Path):
 def test_model_names_are_escaped(tmp_path: Path):
     evil = '<img src=x onerror="alert(1)">'
     write_json(tmp_path / "run.json", ruler_run(evil, SCORES["hylo-a"], "2026-05-01T10:00:00Z"))
-    page = build_report(tmp_path, tmp_path / "r.html").read_text(encoding="utf-8")
+    page = build_report(tmp_path, tmp_path / "r.html", files_only=True).read_text(encoding="utf-8")
     body = page.split("</head>")[1]
     assert "<img" not in body
     assert html.escape(evil) in body
@@ -228,7 +228,7 @@ def test_mean_over_missing_tasks_is_flagged(tmp_path: Path):
     partial = {k: v for k, v in SCORES["llama-b"].items() if k != ("vt", 4096)}
     write_json(tmp_path / "a.json", ruler_run("hylo-a", SCORES["hylo-a"], "2026-05-01T10:00:00Z"))
     write_json(tmp_path / "b.json", ruler_run("llama-b", partial, "2026-05-01T10:00:00Z"))
-    page = build_report(tmp_path, tmp_path / "r.html").read_text(encoding="utf-8")
+    page = build_report(tmp_path, tmp_path / "r.html", files_only=True).read_text(encoding="utf-8")
     at_4k = page.split("(4096 tokens)")[1].split("</table>")[0]
     assert at_4k.count("*</td>") == 1 and "<td>-</td>" in at_4k
     assert "fewer than the 3 tasks" in page.split("(4096 tokens)")[1]

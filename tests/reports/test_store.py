@@ -38,7 +38,7 @@ MANIFEST = {
     "settings": {"base": "demo"}, "config": {"out": "/runs/hylo-a", "base": "demo"}, "device": "cpu",
     "hybrid_config": {"layer_types": ["mla", "gdn", "gdn", "gdn"]}, "kl_init": 1.5,
     "stages": [
-        {"name": "ild-2k", "seq_len": 2048, "kind": "ild", "status": "done", "tokens_seen": 3000,
+        {"name": "ild-2k", "seq_len_tokens": 2048, "kind": "ild", "status": "done", "tokens_seen": 3000,
          "losses": [{"step": 1, "loss": 4.5, "tokens": 1000}, {"step": 2, "loss": 3.25, "tokens": 2000}]},
         {"name": "kd-8k", "seq_len": 8192, "kind": "kd", "status": "pending", "tokens_seen": 0, "losses": []},
     ],
@@ -220,7 +220,7 @@ def test_report_from_store_matches_report_from_files(files: dict[str, Path], tmp
     db = tmp_path / "store.sqlite"
     assert invoke("import", str(files["ruler"]), str(src / "llama" / "r.json"), str(files["upcycle"]),
                   "--db", str(db)).exit_code == 0  # fmt: skip
-    from_files = read_figures(build_report(src, tmp_path / "a.html").read_text())
+    from_files = read_figures(build_report(src, tmp_path / "a.html", files_only=True).read_text())
     result = invoke("report", "--db", str(db), "-o", str(tmp_path / "b.html"))
     assert result.exit_code == 0, result.output
     from_store = read_figures((tmp_path / "b.html").read_text())

@@ -166,8 +166,9 @@ def test_models_filter_and_unknown_model(full_db: Path, tmp_path: Path):
     assert "No commonsense results" in out.read_text(encoding="utf-8")
     result = invoke("report", "--db", str(full_db), "--models", "nope", "-o", str(tmp_path / "x.html"))
     assert result.exit_code == 2 and "--models: nope not in the store; stored:" in plain(result.output)
-    result = invoke("report", "--results-dir", str(tmp_path), "--models", "a", "-o", str(tmp_path / "x.html"))
-    assert result.exit_code == 2 and "need the results store: pass --db" in plain(result.output)
+    result = invoke("report", "--results-dir", str(tmp_path), "--models", "a", "--files-only", "-o",
+                    str(tmp_path / "x.html"))
+    assert result.exit_code == 2 and "use the results store; drop --files-only" in plain(result.output)
 
 
 def find_chromium() -> str | None:
@@ -262,3 +263,30 @@ def test_match_paper_row(name: str, expected):
     row = match_paper_row(name, paper_frame(load_paper_tables()))
     ctx = None if row is None or not isinstance(row["train_ctx"], str) else row["train_ctx"]
     assert (None if row is None else (row["model"], ctx)) == expected
+
+
+def test_default_report_imports_the_results_dir_into_its_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``report --results-dir R`` (no --db, no $HYLO_BENCH_DB): the store is R/hylo_bench.sqlite; result files
+    under R that it lacks are imported first (idempotent), other JSON is ignored, a broken results file is listed
+    in the page and not imported."""
+    monkeypatch.delenv(store.DB_ENV, raising=False)
+    res = tmp_path / "results"
+    write_json(res / "ruler_released.json", ruler_run(RELEASED, RULER, "2026-05-01T10:00:00Z"))
+    write_json(res / "sweep.json", {"benchmark": "serving_sweep", "records": SWEEP})
+    write_json(res / "hylo-a" / "manifest.json", MANIFEST)
+    write_json(res / "hylo-a" / "config.json", {"model_type": "llama", "hidden_size": 32})  # not a results file
+    broken = ruler_run("broken", {("vt", 1024): 50.0}, "2026-05-01T10:00:00Z")
+    del broken["model"]
+    write_json(res / "broken.json", broken)
+    for _ in range(2):
+        result = invoke("report", "--results-dir", str(res), "-o", str(tmp_path / "r.html"))
+        assert result.exit_code == 0, result.output
+    engine = store.open_store(res / store.DB_FILENAME, create=False)
+    assert store.table_counts(engine) == {"runs": 3, "metrics": len(RULER), "train_log": 2, "points": len(SWEEP)}
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    figs = figure_data(page)
+    assert {"ruler-mean", "serving", "upcycle-loss"} <= set(figs)
+    assert str(res / "broken.json") in page and "config.json" not in page
+    (got,) = [t for t in figs["ruler-mean"]["data"] if t["meta"].get("source", "store") == "store"]
+    assert got["meta"]["model"] == RELEASED
+    assert got["y"] == [math.fsum(RULER[(t, n)] for t in TASKS) / len(TASKS) for n in LENGTHS]

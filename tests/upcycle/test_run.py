@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -64,6 +65,14 @@ def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
     assert student.config.mla_layers == [1, 3] and student.config.mixer_types == ["gdn", "mla", "gdn", "mla"]
     assert not (out / "resume.pt").exists()
     assert 0 < manifest["stages"][1]["kl_after"] < 1 and 0 < manifest["kl_init"] < 1  # nats/token, recorded
+    # the training log went to the results store (this test's $HYLO_BENCH_DB) after every stage, once per step
+    from hylo_bench.reports import store
+
+    engine = store.open_store(os.environ["HYLO_BENCH_DB"], create=False)
+    assert store.table_counts(engine)["runs"] == 1
+    log = store.train_log_frame(engine)
+    want = [(s["name"], row["step"], row["loss"]) for s in manifest["stages"] for row in s["losses"]]
+    assert list(zip(log["stage"], log["step"], log["loss"])) == want and len(want) >= 2
 
 
 def test_interrupted_run_resumes_to_the_same_weights(tiny_base_dir, tmp_path, monkeypatch):
