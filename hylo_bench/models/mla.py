@@ -129,7 +129,7 @@ class MLA(nn.Module):
         q = torch.cat([q[..., : self.nope_dim], apply_rope_interleaved(q[..., self.nope_dim:], cos, sin)], dim=-1)
 
         if cache is None and token_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+            out = causal_attention(q, k, v, self.scale)
         else:
             past = S - T
             causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past)
@@ -139,3 +139,18 @@ class MLA(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=self.scale)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.v_dim)
         return self.out_proj(out), new_cache
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal SDPA for MLA prefill, where the value head dim d_V is below the query/key dim d_N + d_R.
+
+    Flash attention needs one head dim for q, k and v; without it PyTorch falls back to kernels whose memory or
+    time grows badly with T (at 128K tokens the math path would need the [T, T] scores). On GPU the values are
+    zero-padded to the q/k width and the padded output columns (exactly zero) are dropped, the trick vLLM's MLA
+    prefill uses. q, k: [B, H, T, d_qk]; v: [B, H, T, d_V]. Returns [B, H, T, d_V].
+    """
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if q.is_cuda and d_v < d_qk:
+        out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, d_qk - d_v)), is_causal=True, scale=scale)
+        return out[..., :d_v]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

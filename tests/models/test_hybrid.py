@@ -182,3 +182,21 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path):
     torch.save(m.state_dict(), tmp_path / "pytorch_model.bin")
     loaded = load_hylo(tmp_path, dtype=None)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in m.state_dict().items())
+
+
+@pytest.mark.gpu
+def test_mla_padded_flash_prefill_equals_the_float64_reference():
+    """On CUDA the MLA prefill pads d_V up to d_qk for flash attention; the output equals exact attention."""
+    from hylo_bench.models.mla import causal_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 4, 300, 192, generator=g) for _ in range(2))
+    v = torch.randn(2, 4, 300, 128, generator=g)
+    scale = 192 ** -0.5
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    s = s.masked_fill(~torch.ones(300, 300, dtype=torch.bool).tril(), float("-inf"))
+    ref = s.softmax(-1) @ v.double()
+    out = causal_attention(*(t.cuda().bfloat16() for t in (q, k, v)), scale)
+    assert out.shape == (2, 4, 300, 128)
+    err = (out.double().cpu() - ref).norm() / ref.norm()
+    assert err < 2e-2, err

@@ -1,0 +1,134 @@
+"""RULER samples per second on one GPU: Qwen3-1.7B-shaped 7MLA21GDN hybrid vs the Qwen3-1.7B-shaped transformer.
+
+Both models are built from their configs with random bf16 weights (speed and memory do not depend on weight
+values; with random weights no answer stops early, so every sample decodes its task's full ``max_gen_toks``:
+an upper bound on time). Prompts come from the real RULER pipeline (``hylo_bench.tasks.ruler``) sized with the
+demo tokenizer (prompt lengths are what matter), generated once and shared by both models (same cache, same
+prompts). Each (model, length) is timed around ``evaluate_model`` (prefill + greedy decode + scoring, batch 1).
+
+Writes benchmarks/results/ruler_throughput.json (one record per model and length: ``samples_per_s``,
+``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom) after every point.
+Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import result_envelope, write_result  # noqa: E402
+
+QWEN3_17B = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=262144,
+                 head_dim=128, num_key_value_heads=8, hidden_act="silu", bos_token_id=0, eos_token_id=1,
+                 hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 tie_word_embeddings=True)
+RECIPE = "HyLo-Qwen-7MLA21GDN-8K-SFT"
+
+
+def _randomize(model: torch.nn.Module) -> torch.nn.Module:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("A_log") or name.endswith("dt_bias"):
+                continue  # keep the module's own init (ones / the GDN decay init)
+            p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def build_transformer():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**QWEN3_17B)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    return _randomize(model), {"name": "qwen3-1.7b-shaped", "path": "random", "hash": "random", "layout": "28ATTN",
+                               "kind": "transformer"}
+
+
+def build_hybrid():
+    from hylo_bench.models.hybrid import HyLoForCausalLM
+    from hylo_bench.upcycle import recipes as R
+
+    cfg = R.recipe_hybrid_config(R.load_recipe(RECIPE))
+    with torch.device("cuda"):
+        model = HyLoForCausalLM(cfg).to(torch.bfloat16)
+    return _randomize(model), {"name": "7MLA21GDN-qwen3-1.7b-shaped", "path": "random", "hash": "random",
+                               "layout": "7MLA21GDN", "kind": "hylo"}
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
+    from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
+    from hylo_bench.tasks.ruler.haystack import default_haystack_text
+    from hylo_bench.upcycle.stages import parse_length
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="8k,32k,64k,128k")
+    ap.add_argument("--tasks", default="niah_single_1,niah_multikey_2,ruler_vt,ruler_cwe")
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--work", default="/tmp/ruler-throughput")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ruler_throughput.json"))
+    ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new points after this many seconds")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    lengths = [parse_length(x) for x in args.lengths.split(",")]
+    tasks = args.tasks.split(",")
+    tok = AutoTokenizer.from_pretrained(demo_teacher_dir())
+    tok.model_max_length = 1 << 30
+    work = Path(args.work)
+    doc = result_envelope("ruler_throughput")
+    doc.update(tasks=tasks, samples_per_task=args.samples, tokenizer="hylo-bench demo tokenizer (vocab 3148)",
+               models={"transformer": "Qwen3-1.7B-shaped (28 attention layers), random bf16",
+                       "hybrid": f"{RECIPE} layout (7 MLA + 21 GDN), random bf16"})
+    # same prompts for both models: generate every sample once into the shared cache, timed separately
+    text = default_haystack_text()
+    for length in lengths:
+        t0 = time.perf_counter()
+        for task in tasks:
+            load_or_generate(task, tok, length, args.samples, seed=42, haystack_text=text, chat_template=False,
+                             cache_dir=work / "cache", tok_hash=tokenizer_hash(tok))
+        doc.setdefault("sample_generation_s", {})[str(length)] = round(time.perf_counter() - t0, 3)
+        print(f"samples at {length}: {time.perf_counter() - t0:.1f} s", flush=True)
+    for build in (build_hybrid, build_transformer):
+        model, info = build()
+        for length in lengths:
+            if time.perf_counter() - t_start > args.budget_s:
+                doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
+                                       "status": "skipped_time_budget"})
+                write_result(Path(args.out), doc)
+                continue
+            cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
+                              results_dir=str(work), device="cuda")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": 1,
+                   "num_samples": len(tasks) * args.samples}
+            try:
+                out = evaluate_model(model, tok, info, cfg)
+                torch.cuda.synchronize()
+                secs = time.perf_counter() - t0
+                rec.update(status="ok", seconds=round(secs, 3), samples_per_s=round(rec["num_samples"] / secs, 4),
+                           mean_score=out["mean"][str(length)])
+            except torch.cuda.OutOfMemoryError as exc:
+                rec.update(status="oom", error=str(exc).splitlines()[0][:200])
+            rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            doc["records"].append(rec)
+            write_result(Path(args.out), doc)
+            print(rec, flush=True)
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
