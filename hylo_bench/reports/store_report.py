@@ -50,6 +50,7 @@ class StoreData:
     points: pd.DataFrame  # serving points: model, seq_len, status, SERVING_PANELS fields, benchmark, run_id
     other_points: list[str]  # benchmarks whose records are not serving points (not drawn)
     source: str
+    benchmarks: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # those runs' records, all fields
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (file, reason) not imported
 
 
@@ -76,7 +77,9 @@ def load_store(engine, models: list[str] | None = None) -> StoreData:
     metrics = metrics.sort_values(["created_utc", "run_id"], kind="stable")
     metrics = metrics.drop_duplicates(["model", "task", "seq_len", "metric"], keep="last")
     losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
-    points, other = _points(store.points_frame(engine), runs)
+    all_points = store.points_frame(engine)
+    points, other = _points(all_points, runs)
+    bench = _other_benchmarks(all_points, runs, other)
     ruler = _ruler_frame(engine, metrics)
     if models:
         known = set(runs["model"]) | set(points["model"])
@@ -85,7 +88,18 @@ def load_store(engine, models: list[str] | None = None) -> StoreData:
             raise ValueError(f"--models: {', '.join(unknown)} not in the store; stored: {', '.join(sorted(known))}")
         ruler, metrics = ruler[ruler["model"].isin(models)], metrics[metrics["model"].isin(models)]
         losses, points = losses[losses["run"].isin(models)], points[points["model"].isin(models)]
-    return StoreData(ruler=ruler, metrics=metrics, losses=losses, points=points, other_points=other, source=url)
+    return StoreData(ruler=ruler, metrics=metrics, losses=losses, points=points, other_points=other, source=url,
+                     benchmarks=bench)
+
+
+def _other_benchmarks(df: pd.DataFrame, runs: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Records of the benchmark runs that are not serving sweeps (upcycle speed, RULER throughput, ...), with
+    each run's device, git sha and date: shown as tables, as stored."""
+    if df.empty or not names:
+        return pd.DataFrame()
+    df = df[df["benchmark"].isin(names)]
+    meta = runs.set_index("id")[["device", "git_sha", "created_utc"]]
+    return df.join(meta, on="run_id").dropna(axis=1, how="all").reset_index(drop=True)
 
 
 def _ruler_frame(engine, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -130,7 +144,7 @@ def build(data: StoreData, title: str) -> Report:
     caveats = [c for c in tables_json.get("_caveats", []) if c.startswith("table")]
     parts = [_figure1_section(data, paper, caveats, figs, tables), _ruler_section(data, matches, figs, tables),
              _commonsense_section(data, matches, tables), _serving_section(data, figs, tables),
-             _training_section(data, figs)]  # fmt: skip
+             _training_section(data, figs), _benchmarks_section(data, tables)]  # fmt: skip
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     matched = ", ".join(f"{m} = {F.paper_label(r)}" for m, r in matches.items()) or "none"
     meta = (f"{len(names)} checkpoint(s); paper rows matched by name: {html.escape(matched)}; generated {now} by "
@@ -224,6 +238,23 @@ def _training_section(data: StoreData, figs: dict) -> str:
         return out + _nodata("No training logs in the store (import an upcycle manifest.json).")
     figs["upcycle-loss"] = loss_figure(data.losses)
     return out + _figure_html("upcycle-loss", figs["upcycle-loss"])
+
+
+def _benchmarks_section(data: StoreData, tables: dict) -> str:
+    if data.benchmarks.empty:
+        return ""
+    out = ("<h2>Other benchmarks</h2>\n<p class=\"meta\">Benchmark JSON whose records are not serving-sweep points "
+           "(no kv_cache_gib / ttft_s), one table per benchmark as stored; units are in the column names.</p>\n")
+    for name, part in data.benchmarks.groupby("benchmark", sort=True):
+        first = part.iloc[0]
+        table = part.drop(columns=["run_id", "benchmark", "device", "git_sha", "created_utc"], errors="ignore")
+        table = table.dropna(axis=1, how="all")
+        tables[f"benchmark_{name}"] = table
+        prov = ", ".join(f"{k} {first[k]}" for k in ("device", "git_sha", "created_utc") if k in part and
+                         pd.notna(first[k]))
+        out += (f"<h3>{html.escape(str(name))}</h3>\n<p class=\"meta\">{html.escape(prov)}</p>\n"
+                + _text_table_html(table.astype(object).where(table.notna(), "-")))
+    return out
 
 
 def export(rep: Report, out_dir: str | Path) -> list[str]:

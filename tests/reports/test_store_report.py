@@ -290,3 +290,29 @@ def test_default_report_imports_the_results_dir_into_its_store(tmp_path: Path, m
     (got,) = [t for t in figs["ruler-mean"]["data"] if t["meta"].get("source", "store") == "store"]
     assert got["meta"]["model"] == RELEASED
     assert got["y"] == [math.fsum(RULER[(t, n)] for t in TASKS) / len(TASKS) for n in LENGTHS]
+
+
+def test_every_committed_benchmark_result_imports_and_is_shown(tmp_path: Path):
+    """benchmarks/results/*.json (the H200 evidence) follow the benchmark format (flat records) and the report
+    shows each: serving sweeps as the Figure 5 panels, the rest as tables holding the stored values."""
+    from hylo_bench.reports.store_report import build, load_store
+
+    results = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json"))
+    assert results, "no committed benchmark results"
+    engine = store.open_store(tmp_path / "s.sqlite")
+    outcomes = store.import_files(engine, results)
+    assert [o.status for o in outcomes] == ["new"] * len(results)
+    data = load_store(engine)
+    rep = build(data, "t")
+    for path in results:
+        doc = json.loads(path.read_text())
+        name = doc["benchmark"]
+        if name in data.other_points:
+            table = rep.tables[f"benchmark_{name}"]
+            assert len(table) == len(doc["records"]), name
+            for row, rec in zip(table.to_dict("records"), doc["records"]):
+                assert {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))} == rec, name
+            assert f"<h3>{name}</h3>" in rep.html
+        else:
+            assert set(data.points[data.points["benchmark"] == name]["seq_len"]) == {
+                r["seq_len"] for r in doc["records"]}
