@@ -16,7 +16,7 @@ from typing import Any
 
 from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 
-KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "lm-eval")
+KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "lm-eval", "eval-json", "eval-summary")
 # Keys a RULER results file / upcycle manifest gains while its run goes on; the natural key leaves them out so
 # re-importing a grown file extends the same run instead of adding a new one.
 _RULER_GROWING = ("records", "mean")
@@ -82,12 +82,17 @@ def detect_kind(obj: Any) -> str:
             return "benchmark"
         if isinstance(obj.get("results"), dict) and ("n-samples" in obj or "config" in obj or "versions" in obj):
             return "lm-eval"
+        if obj.get("kind") == "lm-eval-summary":
+            return "eval-summary"
         if {"model", "scores", "mean"} <= obj.keys():
             return "ruler-json"
+        if {"model", "scores"} <= obj.keys() and ("n_samples" in obj or "num_fewshot" in obj):
+            return "eval-json"
         shown = ", ".join(sorted(obj)[:8])
         raise ValueError(f"unknown results format (top-level keys: {shown or 'none'}); expected a RULER results "
-                         "file (\"kind\": \"ruler\"), `ruler --json` output, an upcycle manifest.json, a benchmark "
-                         "JSON (\"benchmark\" + \"records\") or an lm-eval results_*.json")
+                         "file (\"kind\": \"ruler\"), `ruler --json` or `eval --json` output, an upcycle "
+                         "manifest.json, a benchmark JSON (\"benchmark\" + \"records\"), an lm-eval results_*.json "
+                         "or an `eval` summary (eval-*.json)")
     raise ValueError(f"unknown results format: top level is a {type(obj).__name__}, expected a JSON object")
 
 
@@ -217,12 +222,54 @@ def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
                      created_utc=created, metrics=metrics, train_log=[], points=[])
 
 
+def _eval_scores(obj: dict[str, Any], n_samples: dict[str, Any]) -> list[Metric]:
+    """Metrics of ``{"scores": {task: {metric: value}}}`` (``hylo-bench eval`` output: already 0-100)."""
+    if not isinstance(obj["scores"], dict) or not obj["scores"]:
+        raise ValueError("scores: expected {task: {metric: value}} with at least one task")
+    metrics = []
+    for task, by_metric in obj["scores"].items():
+        if not isinstance(by_metric, dict):
+            raise ValueError(f"scores.{task}: expected {{metric: value}}, got {type(by_metric).__name__}")
+        n = n_samples.get(task)
+        n = n.get("effective") if isinstance(n, dict) else n
+        for metric, value in by_metric.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"scores.{task}.{metric}: expected a number, got {value!r}")
+            metrics.append(Metric(task=task, seq_len=None, metric=metric, value=float(value),
+                                  n=n if isinstance(n, int) else None, stderr=None, flavor="lm-eval"))
+    return metrics
+
+
+def _eval_json(obj: dict[str, Any], source: str) -> RunRecord:
+    """``hylo-bench eval --json`` output: ``{"model", "scores", "n_samples", "num_fewshot", ...}``."""
+    if not isinstance(obj["model"], str) or not obj["model"]:
+        raise ValueError(f"model: expected a non-empty string, got {obj['model']!r}")
+    metrics = _eval_scores(obj, obj.get("n_samples") or {})
+    return RunRecord(natural_key=content_hash(obj), kind="eval-json", source=source, model=obj["model"],
+                     checkpoint=None, model_hash=None, layout=None, git_sha=None, hylo_bench_version=None, device=None,
+                     config={k: v for k, v in obj.items() if k != "scores"}, created_utc=_now(), metrics=metrics,
+                     train_log=[], points=[])
+
+
+def _eval_summary(obj: dict[str, Any], source: str) -> RunRecord:
+    """Our ``eval-<model>-<time>.json`` (``kind: lm-eval-summary``): model block, config, scores 0-100."""
+    model = obj["model"]
+    if not isinstance(model, dict) or not model.get("name"):
+        raise ValueError(f"model: expected an object with a name, got {model!r}")
+    metrics = _eval_scores(obj, obj.get("n-samples") or {})
+    return RunRecord(natural_key=content_hash(obj), kind="eval-summary", source=source, model=str(model["name"]),
+                     checkpoint=model.get("path"), model_hash=model.get("hash"), layout=model.get("layout"),
+                     git_sha=obj.get("git_sha"), hylo_bench_version=obj.get("hylo_bench_version"),
+                     device=(obj.get("config") or {}).get("device"), config=_without(obj, ("scores",)),
+                     created_utc=_iso(obj["created_utc"]), metrics=metrics, train_log=[], points=[])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 _PARSERS = {"ruler": _ruler_file, "ruler-json": _ruler_json, "upcycle": _manifest, "benchmark": _benchmark,
-            "lm-eval": _lm_eval}
+            "lm-eval": _lm_eval, "eval-json": _eval_json, "eval-summary": _eval_summary}
 
 
 def parse_object(obj: Any, source: str) -> RunRecord:

@@ -302,9 +302,11 @@ def sync_dir(engine: Engine, root: str | Path) -> tuple[list[SaveOutcome], list[
     for path in sorted(root.rglob("*.json")):
         try:
             obj = json.loads(path.read_text(encoding="utf-8"))
-            detect_kind(obj)
+            kind = detect_kind(obj)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError):
             continue  # not a results file (or not JSON): nothing claims it is one
+        if kind == "eval-summary" and Path(str(obj.get("lm_eval_results", ""))).is_file():
+            continue  # the same scores, with stderr, are in lm-eval's own results file (imported on its own)
         try:
             outcomes.extend(save_runs(engine, [parse_object(obj, str(path))]))
         except (ValueError, sa.exc.SQLAlchemyError) as exc:

@@ -237,3 +237,33 @@ def test_report_from_an_empty_or_missing_store_is_a_clear_error(tmp_path: Path):
     result = invoke("compare", "a", "b", "--db", str(tmp_path / "missing.sqlite"))
     assert result.exit_code == 2 and f"no results store at {tmp_path / 'missing.sqlite'}" in plain(result.output)
     assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_eval_json_and_eval_summary_import(tmp_path: Path):
+    """``eval --json`` output and our eval-*.json summary store the same 0-100 scores; ``report`` skips a summary
+    whose lm-eval results file exists (that file holds the same numbers with stderr)."""
+    scores = {"arc_easy": {"acc": 62.5, "acc_norm": 50.0}, "gsm8k": {"exact_match,strict-match": 25.0}}
+    printed = {"model": "hylo-a", "scores": scores, "n_samples": {"arc_easy": 64, "gsm8k": 64},
+               "num_fewshot": {"arc_easy": 0, "gsm8k": 0}, "results_path": "x", "lm_eval_results_path": "y"}
+    lm_file = write_json(tmp_path / "res" / "lm-eval" / "hylo-a" / "results_1.json", LM_EVAL)
+    summary = {"kind": "lm-eval-summary", "hylo_bench_version": "0.1.0", "git_sha": "abc", "created_utc":
+               "2026-05-01T10:00:00+00:00", "model": {"name": "hylo-b", "path": "/ck/b", "hash": "h", "layout": None,
+                                                      "kind": "hylo"},
+               "config": {"device": "cpu"}, "n-samples": {"arc_easy": {"original": 2376, "effective": 64}},
+               "scores": scores, "lm_eval_results": str(lm_file)}
+    assert detect_kind(printed) == "eval-json" and detect_kind(summary) == "eval-summary"
+    engine = store.open_store(tmp_path / "s.sqlite")
+    store.import_files(engine, [write_json(tmp_path / "printed.json", printed),
+                                write_json(tmp_path / "summary.json", summary)])
+    df = store.metrics_frame(engine)
+    for model in ("hylo-a", "hylo-b"):
+        got = {(r.task, r.metric): r.value for r in df[df["model"] == model].itertuples()}
+        assert got == {(t, m): v for t, ms in scores.items() for m, v in ms.items()}
+    assert df[(df["model"] == "hylo-a") & (df["task"] == "gsm8k")]["n"].tolist() == [64]
+    assert df[(df["model"] == "hylo-b") & (df["task"] == "arc_easy")]["n"].tolist() == [64, 64]
+    write_json(tmp_path / "res" / "eval-hylo-b.json", summary)
+    fresh = store.open_store(tmp_path / "t.sqlite")
+    outcomes, skipped = store.sync_dir(fresh, tmp_path / "res")
+    assert skipped == [] and [o.source for o in outcomes] == [str(lm_file)]
+    with pytest.raises(ValueError, match="scores.arc_easy.acc: expected a number"):
+        store.import_files(engine, [write_json(tmp_path / "bad.json", printed | {"scores": {"arc_easy": {"acc": "x"}}})])
