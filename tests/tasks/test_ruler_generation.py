@@ -364,3 +364,24 @@ def test_missing_haystack_file_names_path(tmp_path):
 
 def test_public_api_reexports():
     assert ruler.generate_sample is generate_sample and callable(ruler.score_prediction)
+
+
+def test_niah_sizes_to_256k_within_two_percent(tok):
+    """Generation is linear in the haystack: a 256K sample sizes in seconds (probe search + one sample)."""
+    length = 262144
+    for index in range(2):
+        s = generate_sample("niah_single_1", tok, length, index, SEED)
+        total = s["prompt_tokens"] + 128
+        assert 0.98 * length <= total <= length and s["prompt_tokens"] == len(tok(s["prompt"]).input_ids)
+        assert s["input"].count(f"One of the special magic numbers for {_niah_keys(s)[0]} is: {s['outputs'][0]}.") == 1
+
+
+def test_capped_haystack_warns_once(tok, caplog):
+    """CWE's word pool (8166 words, ruler.md section 8 row 4) cannot fill 256K: the prompt is short and logged."""
+    sampling.fitted_size.cache_clear()
+    with caplog.at_level("WARNING"):
+        s = generate_sample("ruler_cwe", tok, 262144, 0, SEED)
+        generate_sample("ruler_cwe", tok, 262144, 1, SEED)
+    assert s["haystack_units"] == 8166 and s["prompt_tokens"] < 0.9 * 262144
+    assert caplog.text.count("RULER ruler_cwe (nvidia) at 262144 tokens: prompts reach only") == 1
+    assert "capped at 8166 units" in caplog.text

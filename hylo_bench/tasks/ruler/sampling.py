@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 import math
 import random
 from pathlib import Path
@@ -19,8 +20,14 @@ from hylo_bench.tasks.ruler.haystack import cwe_words, default_haystack_text, es
 from hylo_bench.tasks.ruler.qa import DOCUMENT_TEMPLATE, QAData, fill_candidates, load_qa
 from hylo_bench.tasks.ruler.registry import RulerTask, check_flavor, get_task
 
+logger = logging.getLogger(__name__)
+
+SHORT_WARNING_FRACTION = 0.98
+""":func:`fitted_size` warns when the probe's ``prompt_tokens + max_gen_toks`` stays below this fraction of L."""
 SAMPLE_TOLERANCE = 0.005
 """A sample stops searching once its slack below the budget is at most this fraction of ``length_tokens``."""
+PROBE_TOLERANCE = 0.001
+"""The probe search (:func:`fitted_size`) stops at this slack fraction; each probe step tokenizes a whole prompt."""
 QA_FILL_CANDIDATES = 64
 """QA gap fill: how many next-priority documents are tried when a whole-document count leaves slack."""
 
@@ -70,11 +77,11 @@ def largest_fitting(
 ) -> int:
     """Largest ``n`` in ``[n_min, n_max]`` with ``measure(n) <= budget`` (``measure`` roughly non-decreasing).
 
-    Interpolation search with bisection fallback: probes ``n_start`` first, extrapolates linearly until a probe
-    overshoots, then interpolates inside the bracket (every second step bisects, so the bracket at least halves
-    every two steps). Stops early at a fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``.
-    ``measure`` is called at most once per ``n``: about 4-10 times for a cold search, once or twice from a
-    good ``n_start``.
+    Safeguarded interpolation search: probes ``n_start`` first, extrapolates linearly until a probe overshoots,
+    then interpolates inside the bracket, aiming ``tol_tokens / 2`` below the budget; a step that fails to halve
+    the bracket is followed by a bisection, so the bracket at least halves every two steps. Stops early at a
+    fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``. ``measure`` is called at most once per
+    ``n``: about 4-8 times for a cold search, once or twice from a good ``n_start``.
 
     Raises:
         PromptTooLongError: ``measure(n_min) > budget``.
@@ -84,7 +91,8 @@ def largest_fitting(
         raise PromptTooLongError(f"{f_lo} tokens at the smallest haystack > budget {budget}")
     hi, f_hi = None, None  # smallest n known to overshoot
     anchor, f_anchor = n_min, f_lo  # a second fitting point for the slope while no overshoot is known
-    probe, step = min(max(n_start, n_min), n_max), 0
+    target = budget - tol_tokens // 2
+    probe, bisect_next, width = min(max(n_start, n_min), n_max), False, None
     while True:
         if probe > lo:
             f = measure(probe)
@@ -95,15 +103,17 @@ def largest_fitting(
                 hi, f_hi = probe, f
         if lo >= n_max or (hi is not None and hi - lo <= 1) or budget - f_lo <= tol_tokens:
             return lo
-        step += 1
+        if hi is not None:
+            bisect_next = not bisect_next and width is not None and 2 * (hi - lo) > width
+            width = hi - lo
         if hi is None:
             slope = (f_lo - f_anchor) / (lo - anchor) if lo > anchor else 0.0
-            probe = lo + (math.ceil((budget - f_lo) / slope) if slope > 0 else max(1, lo - n_min))
+            probe = lo + (math.ceil((target - f_lo) / slope) if slope > 0 else max(1, lo - n_min))
             probe = min(max(probe, lo + 1), n_max)
-        elif step % 2 == 0 or f_hi <= f_lo:
+        elif bisect_next or f_hi <= f_lo:
             probe = (lo + hi) // 2
         else:
-            probe = lo + int((budget - f_lo) * (hi - lo) / (f_hi - f_lo))
+            probe = lo + int((max(target, f_lo + 1) - f_lo) * (hi - lo) / (f_hi - f_lo))
             probe = min(max(probe, lo + 1), hi - 1)
 
 
@@ -251,8 +261,8 @@ def fitted_size(
     task: str, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, chat_template: bool,
     flavor: str = "nvidia", qa: QAData | None = None,
 ) -> tuple[int, float]:
-    """Haystack size for (task, tokenizer, length, flavor): the exact largest fit of a probe sample (cached; QA
-    probes question 0).
+    """Haystack size for (task, tokenizer, length, flavor): the largest fit of a probe sample, to within 0.1% of the
+    length (cached; QA probes question 0). Warns when even that stays 2% short (a capped haystack).
 
     Returns:
         (units, prompt tokens per unit) of the probe sample.
@@ -263,8 +273,14 @@ def fitted_size(
     spec = get_task(task)
     ctx = _context(spec, tokenizer, length_tokens, seed, haystack_text, flavor, qa)
     probe_seed = sample_seed(seed, f"{task}/probe", length_tokens, 0)
-    n_min, _ = _size_bounds(spec, length_tokens, ctx)
-    n, _, _, _, slope = _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, 0)
+    n_min, n_max = _size_bounds(spec, length_tokens, ctx)
+    tol = int(PROBE_TOLERANCE * length_tokens)
+    n, _, _, num_tokens, slope = _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, tol)
+    total = num_tokens + spec.max_gen_toks
+    if total < SHORT_WARNING_FRACTION * length_tokens:
+        why = f"its haystack is capped at {n_max} units" if n >= n_max else "the next haystack unit overshoots"
+        logger.warning("RULER %s (%s) at %d tokens: prompts reach only %d tokens (%.1f%%): %s", task, flavor,
+                       length_tokens, total, 100 * total / length_tokens, why)
     return n, slope
 
 
