@@ -107,7 +107,8 @@ def _ruler_file(obj: dict[str, Any], source: str) -> RunRecord:
     extra_keys = ("nulls", "seed", "prompt_tokens_mean", "prompt_tokens_min", "prompt_tokens_max")
     optional = ("generator_version", "score_by_flavor")  # newer files only; QA records carry both flavors' scores
     metrics = [Metric(task=r["task"], seq_len=r["seq_len"], metric="score", value=r["score"], n=r["n"], stderr=None,
-                      flavor=r["flavor"], extra={k: r[k] for k in extra_keys} | {k: rec[k] for k in optional if k in rec})
+                      flavor=r["flavor"],
+                      extra={k: r[k] for k in extra_keys} | {k: rec[k] for k in optional if k in rec})
                for r, rec in zip(rows, obj["records"])]
     header = _without(obj, _RULER_GROWING)
     return RunRecord(natural_key=content_hash(header), kind="ruler", source=source, model=model["name"],
@@ -130,8 +131,9 @@ def _ruler_json(obj: dict[str, Any], source: str) -> RunRecord:
             if not ok or not 0.0 <= score <= 100.0:
                 raise ValueError(f"scores.{task}.{length}: expected an integer length and a score in 0-100, "
                                  f"got {length!r}: {score!r}")
+            # `ruler --json` output written before flavors existed is lm-eval flavored
             metrics.append(Metric(task=task, seq_len=int(length), metric="score", value=float(score), n=None,
-                                  stderr=None, flavor=str(obj.get("flavor", "lm-eval"))))  # files before flavors: lm-eval
+                                  stderr=None, flavor=str(obj.get("flavor", "lm-eval"))))
     if not metrics:
         raise ValueError("scores: expected at least one task score, got none")
     return RunRecord(natural_key=content_hash(obj), kind="ruler-json", source=source, model=obj["model"],

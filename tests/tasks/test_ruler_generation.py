@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 import re
 import uuid
@@ -12,8 +13,16 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast
 
 from hylo_bench.tasks import ruler
-from hylo_bench.tasks.ruler import TASKS, generate_sample, get_task, list_tasks, sample_seed
-from hylo_bench.tasks.ruler import generators, haystack, sampling
+from hylo_bench.tasks.ruler import (
+    TASKS,
+    generate_sample,
+    generators,
+    get_task,
+    haystack,
+    list_tasks,
+    sample_seed,
+    sampling,
+)
 
 LENGTHS = (1024, 4096, 8192, 16384)
 NUM_SAMPLES = 2
@@ -256,9 +265,10 @@ def test_vt_chain_and_prompt_nvidia(samples, length):
         example = s["input"].split("\n\nMemorize and track")[0]
         real = s["input"][len(example) + 2 :]
         assert s["input"][len(example) : len(example) + 2] == "\n\n" and not example.endswith("\n")
-        assert real.startswith("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n")
+        head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+        assert real.startswith(head)
         value = re.search(rf"VAR {names[0]} = (\d{{5}})\n", real)[1]
-        for a, b in zip(names, names[1:]):
+        for a, b in itertools.pairwise(names):
             assert f"\nVAR {b} = VAR {a} \n" in real
         context = real.split("\n\n", 1)[1].rsplit("\nQuestion:", 1)[0]
         assert all(line == haystack.NOISE_LINE or line.startswith("VAR ") for line in context.split("\n"))
@@ -267,7 +277,7 @@ def test_vt_chain_and_prompt_nvidia(samples, length):
             f"assigned the value {value}, they are: "
         )
         assert s["prompt"].endswith(f"in the text above. {s['gen_prefix']}")
-        ex_value = re.match(r"Memorize.*?\nVAR [A-Z]{3} = (\d{5})\n", example, re.S)
+        ex_value = re.match(r"Memorize.*?\nVAR [A-Z]{3} = (\d{5})\n", example, re.DOTALL)
         assert ex_value and ex_value[1] != "12345" and f"assigned the value {ex_value[1]}, they are:  " in example
         assert re.search(r"they are:  [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3}$", example)
 

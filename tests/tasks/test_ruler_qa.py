@@ -7,11 +7,20 @@ import json
 import logging
 import random
 import re
+from pathlib import Path
 
 import pytest
 
-from hylo_bench.tasks.ruler import TASKS, evaluate_model, generate_sample, load_qa, locate_qa_file, select_tasks
-from hylo_bench.tasks.ruler import qa, sampling
+from hylo_bench.tasks.ruler import (
+    TASKS,
+    evaluate_model,
+    generate_sample,
+    load_qa,
+    locate_qa_file,
+    qa,
+    sampling,
+    select_tasks,
+)
 from hylo_bench.tasks.ruler.haystack import default_haystack_text, essay_words
 from tests.tasks.test_ruler_generation import build_tokenizer
 from tests.tasks.test_ruler_runner import INFO, _cfg, _quiet, _scripted
@@ -129,7 +138,8 @@ def test_qa_prompt_fits_budget_and_holds_the_gold(samples, qa_files, task, lengt
         assert s["length"] == total and 0.98 * length <= total <= length, (task, length, flavor, total)
         item = data.questions[s["index"]]
         assert s["question_index"] == s["index"] and s["outputs"] == list(item.outputs)
-        docs = re.findall(r"Document (\d+):\n(.*?)(?=\n\nDocument \d+:\n|\n\nAnswer the question)", s["input"], re.S)
+        doc_re = r"Document (\d+):\n(.*?)(?=\n\nDocument \d+:\n|\n\nAnswer the question)"
+        docs = re.findall(doc_re, s["input"], re.DOTALL)
         assert [int(i) for i, _ in docs] == list(range(1, s["num_docs"] + 1))
         texts = [t for _, t in docs]
         assert all(t in data.docs for t in texts) and len(set(texts)) == len(texts)  # no repeats below the corpus
@@ -157,7 +167,8 @@ def test_qa_document_positions_depend_only_on_the_count(tok, qa_files):
     for index in range(3):
         item = data.questions[index]
         text = qa.qa_text(data, item, qa.select_docs(data, item, 40, random.Random(index), "nvidia"))
-        positions.append([int(re.search(rf"Document (\d+):\n{re.escape(data.docs[i])}", text)[1]) for i in item.context])
+        found = [re.search(rf"Document (\d+):\n{re.escape(data.docs[i])}", text) for i in item.context]
+        positions.append([int(m[1]) for m in found])
     assert positions[0] == positions[1] == positions[2] and len(set(positions[0])) == 10
 
 
@@ -250,7 +261,7 @@ def test_qa_end_to_end_records_both_metrics(tok, qa_files, tmp_path):
     out = evaluate_model(_scripted(tok, cfg, oracle=True), tok, INFO, cfg, console=_quiet())
     # the oracle prints every gold, so both metrics give full credit
     assert out["scores"] == {t: {"4096": 100.0} for t in QA_TASKS} and out["flavor"] == "lm-eval"
-    doc = json.loads(open(out["results_path"]).read())
+    doc = json.loads(Path(out["results_path"]).read_text())
     assert [r["score_by_flavor"] for r in doc["records"]] == [{"nvidia": 100.0, "lm-eval": 100.0}] * 2
     assert set(doc["provenance"]["qa_data_sha256"]) == set(QA_TASKS)
     assert doc["config"]["squad_path"] == str(qa_files["ruler_qa_squad"])
@@ -273,3 +284,22 @@ def test_qa_gap_fill_reaches_the_window_with_large_documents(tok, tmp_path):
         assert 0.98 * 4096 <= s["prompt_tokens"] + 32 <= 4096, index
         filled += s["num_docs"] > s["haystack_units"]
     assert filled >= 1
+
+
+def test_cli_flags_and_missing_file_error(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("HYLO_BENCH_SQUAD", raising=False)
+    runner = CliRunner()
+    res = runner.invoke(app, ["ruler", "--model", "demo", "--tasks", "ruler_qa_squad", "--results-dir", str(tmp_path)])
+    assert res.exit_code == 2
+    flat = " ".join(res.output.split())
+    assert "dev-v2.0.json" in flat and "--squad PATH" in flat and "HYLO_BENCH_SQUAD" in flat
+    res = runner.invoke(app, ["ruler", "--model", "demo", "--tasks", "niah_single_1", "--flavor", "original",
+                              "--results-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "flavor must be one of nvidia, lm-eval" in " ".join(res.output.split())
+    res = runner.invoke(app, ["ruler", "--help"])
+    assert all(flag in res.output for flag in ("--flavor", "--squad", "--hotpotqa"))

@@ -156,7 +156,8 @@ def test_oracle_scores_100_and_empty_model_scores_0(tok, tmp_path, flavor):
     assert empty["scores"] == {t: {key: 0.0} for t in cfg.tasks}
     doc = json.loads(open(empty["results_path"]).read())
     assert [r["nulls"] for r in doc["records"]] == [2, 2, 2]
-    assert doc["flavor"] == doc["provenance"]["flavor"] == flavor and {r["flavor"] for r in doc["records"]} == {flavor}
+    assert doc["flavor"] == doc["provenance"]["flavor"] == flavor
+    assert {r["flavor"] for r in doc["records"]} == {flavor}
 
 
 def test_chat_template_prompts(tmp_path):

@@ -12,8 +12,9 @@ import functools
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hylo_bench.io_utils import sha256_file
 
@@ -148,8 +149,11 @@ def parse_squad(obj: Any, path: Path) -> tuple[tuple[str, ...], tuple[QAItem, ..
         ValueError: a missing key or wrong type (file and JSON path named).
     """
     articles = _get(obj, "data", "top level", path, list)
-    paragraphs = [_get(p, "context", f"data[{i}].paragraphs[{j}]", path, str)
-                  for i, a in enumerate(articles) for j, p in enumerate(_get(a, "paragraphs", f"data[{i}]", path, list))]
+    paragraphs = [
+        _get(p, "context", f"data[{i}].paragraphs[{j}]", path, str)
+        for i, a in enumerate(articles)
+        for j, p in enumerate(_get(a, "paragraphs", f"data[{i}]", path, list))
+    ]
     docs = tuple(sorted(set(paragraphs)))
     ids = {d: i for i, d in enumerate(docs)}
     questions = []

@@ -32,8 +32,9 @@ def string_match_all(prediction: str, golds: Sequence[str]) -> float:
 def string_match_part(prediction: str, golds: Sequence[str], flavor: str = "nvidia") -> float:
     """QA metric for one sample, in [0, 1].
 
-    ``flavor="nvidia"`` (NVIDIA/RULER ``constants.py``): 1 if any gold occurs, else 0. ``flavor="lm-eval"`` (0.4.13): lm-eval
-    takes the max over *samples* of the per-sample fraction and calls it with one sample, so it equals
+    ``flavor="nvidia"`` (NVIDIA/RULER ``constants.py``): 1 if any gold occurs, else 0. ``flavor="lm-eval"``
+    (0.4.13): lm-eval takes the max over *samples* of the per-sample fraction and calls it with one sample, so it
+    equals
     :func:`string_match_all` (ruler.md sections 6 and 8 row 1).
 
     Raises:
@@ -83,9 +84,9 @@ def task_score(task: str, predictions: Sequence[str], golds: Sequence[Sequence[s
     nulls = sum(1 for p in predictions if not postprocess_pred(_strip_think(p) if strip_think else p))
     out = {"score": 100.0 * sum(scores) / len(scores), "n": len(scores), "nulls": nulls}
     if get_task(task).metric == "string_match_part":
+        pairs = list(zip(predictions, golds))
         out["score_by_flavor"] = {
-            f: 100.0 * sum(score_prediction(task, p, g, f, strip_think) for p, g in zip(predictions, golds)) / len(scores)
-            for f in FLAVORS
+            f: 100.0 * sum(score_prediction(task, p, g, f, strip_think) for p, g in pairs) / len(pairs) for f in FLAVORS
         }
     return out
 
