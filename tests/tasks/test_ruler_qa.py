@@ -303,3 +303,20 @@ def test_cli_flags_and_missing_file_error(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "flavor must be one of nvidia, lm-eval" in " ".join(res.output.split())
     res = runner.invoke(app, ["ruler", "--help"])
     assert all(flag in res.output for flag in ("--flavor", "--squad", "--hotpotqa"))
+
+
+def test_select_docs_priority_and_corpus_repeat():
+    docs = tuple(f"doc {i:02d}" for i in range(12))
+    data = qa.QAData(task="ruler_qa_squad", path="x", sha256="0" * 64, docs=docs, questions=())
+    item = qa.QAItem(query="q", outputs=("a",), context=(5,), more_context=(1, 2, 2, 9))  # 2 listed twice
+    assert qa.select_docs(data, item, 1, random.Random(0), "nvidia") == [5]
+    some = qa.select_docs(data, item, 3, random.Random(0), "nvidia")
+    assert some[0] == 5 and set(some[1:]) <= {1, 2, 9} and len(some) == 3
+    full = qa.select_docs(data, item, 8, random.Random(0), "nvidia")
+    assert full[:5] == [5, 1, 2, 2, 9] and len(set(full[5:]) - {1, 2, 5, 9}) == 3  # article order, then others
+    assert qa.select_docs(data, item, 8, random.Random(0), "nvidia") == full  # same rng seed, same draw
+    over = qa.select_docs(data, item, 30, random.Random(0), "nvidia")
+    assert len(over) == 30 and set(over) == set(range(12))  # corpus used, then repeated
+    assert qa.select_docs(data, item, 12, random.Random(0), "lm-eval") == list(range(12))
+    nxt = qa.fill_candidates(data, item, 6, random.Random(0), 3)
+    assert nxt == full[6:8] + [i for i in qa.select_docs(data, item, 9, random.Random(0), "nvidia")[8:]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import random
@@ -265,10 +266,8 @@ def select_docs(data: QAData, item: QAItem, num_docs: int, rng: random.Random, f
     elif k <= len(more):
         chosen = own + more[:k]
     else:
-        chosen = own + more_all
-        for _ in range(min(k - len(more), total - len(chosen))):
-            chosen.append(next(others))
-        chosen += [i % total for i in range(num_docs - len(chosen))]
+        chosen = own + more_all + list(itertools.islice(others, k - len(more)))
+        chosen += [i % total for i in range(num_docs - len(chosen))]  # corpus exhausted (nvidia): repeat it
     return chosen + list(extra)
 
 
