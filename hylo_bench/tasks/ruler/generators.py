@@ -202,8 +202,9 @@ def vt_text(rng: random.Random, num_noises: int, num_hops: int, is_icl: bool,
     """
     names, chain = _vt_chain(rng, num_hops, is_icl, flavor)
     if flavor == "nvidia":
+        assert num_noises >= len(chain), f"nvidia VT needs >= {len(chain)} noise lines, got {num_noises}"
         sentences = [NOISE_LINE] * num_noises
-        positions = sorted(rng.sample(range(len(sentences)), min(len(chain), len(sentences))))
+        positions = sorted(rng.sample(range(len(sentences)), len(chain)))
         for j, pos in enumerate(positions):
             sentences.insert(pos + j, chain[j])
         context = "\n".join(sentences).replace(". \n", ".\n")
