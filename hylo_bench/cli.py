@@ -175,6 +175,13 @@ def ruler(
     list_tasks: bool = typer.Option(False, "--list-tasks", help="Print the task names and exit."),
     strip_think: bool = typer.Option(False, "--strip-think/--no-strip-think",
                                      help="Remove <think>...</think> spans from predictions before scoring."),
+    flavor: str = typer.Option("nvidia", "--flavor", help="nvidia (NVIDIA/RULER prompts, QA any-match) or "
+                               "lm-eval (lm-eval 0.4.13's variant); see docs/ruler.md."),
+    squad: Optional[Path] = typer.Option(None, "--squad", help="SQuAD v2 dev-v2.0.json for ruler_qa_squad "
+                                         "(default: $HYLO_BENCH_SQUAD, else ~/.cache/hylo_bench/ruler/)."),
+    hotpotqa: Optional[Path] = typer.Option(None, "--hotpotqa", help="hotpot_dev_distractor_v1.json for "
+                                            "ruler_qa_hotpot (default: $HYLO_BENCH_HOTPOTQA, else "
+                                            "~/.cache/hylo_bench/ruler/)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -190,11 +197,11 @@ def ruler(
             length_list = [parse_length(x) for x in lengths.split(",") if x.strip()]
         except ValueError as e:
             raise ValueError(f"--lengths: {e}") from None
-        cfg = R.RulerConfig(model=model, lengths=length_list,
-                            tasks=R.list_tasks() if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()],
+        cfg = R.RulerConfig(model=model, lengths=length_list, tasks=R.select_tasks(tasks, squad, hotpotqa),
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
-                            chat_template=chat_template, device=device, strip_think=strip_think)
+                            chat_template=chat_template, device=device, strip_think=strip_think, flavor=flavor,
+                            squad_path=squad, hotpotqa_path=hotpotqa)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

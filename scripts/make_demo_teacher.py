@@ -178,7 +178,8 @@ def _sample(spec: tuple[str, int, int, int]) -> dict:
     task, length, index, seed = spec
     while True:
         try:
-            return generate_sample(task, _WORKER["tok"], length, index, seed, _WORKER["haystack"])
+            # the shipped teacher was trained on lm-eval-flavored prompts (VT/CWE layout; NIAH is the same in both)
+            return generate_sample(task, _WORKER["tok"], length, index, seed, _WORKER["haystack"], flavor="lm-eval")
         except PromptTooLongError:
             if length >= 4096:
                 raise

@@ -19,7 +19,7 @@ from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "lm-eval", "eval-json", "eval-summary")
 # Keys a RULER results file / upcycle manifest gains while its run goes on; the natural key leaves them out so
 # re-importing a grown file extends the same run instead of adding a new one.
-_RULER_GROWING = ("records", "mean")
+_RULER_GROWING = ("records", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec")
 _MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc")
 # lm-eval reports these on a 0-1 scale; the store keeps every accuracy-like score on 0-100 like RULER and the paper.
 LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
@@ -110,8 +110,11 @@ def _ruler_file(obj: dict[str, Any], source: str) -> RunRecord:
     rows = parse_ruler_run(obj, source)  # validates; raises ValueError naming the field
     model = obj["model"]
     extra_keys = ("nulls", "seed", "prompt_tokens_mean", "prompt_tokens_min", "prompt_tokens_max")
+    optional = ("generator_version", "score_by_flavor")  # newer files only; QA records carry both flavors' scores
     metrics = [Metric(task=r["task"], seq_len=r["seq_len"], metric="score", value=r["score"], n=r["n"], stderr=None,
-                      flavor=r["flavor"], extra={k: r[k] for k in extra_keys}) for r in rows]
+                      flavor=r["flavor"],
+                      extra={k: r[k] for k in extra_keys} | {k: rec[k] for k in optional if k in rec})
+               for r, rec in zip(rows, obj["records"])]
     header = _without(obj, _RULER_GROWING)
     return RunRecord(natural_key=content_hash(header), kind="ruler", source=source, model=model["name"],
                      checkpoint=model["path"], model_hash=model["hash"], layout=model["layout"], git_sha=obj["git_sha"],
@@ -133,8 +136,9 @@ def _ruler_json(obj: dict[str, Any], source: str) -> RunRecord:
             if not ok or not 0.0 <= score <= 100.0:
                 raise ValueError(f"scores.{task}.{length}: expected an integer length and a score in 0-100, "
                                  f"got {length!r}: {score!r}")
+            # `ruler --json` output written before flavors existed is lm-eval flavored
             metrics.append(Metric(task=task, seq_len=int(length), metric="score", value=float(score), n=None,
-                                  stderr=None, flavor="lm-eval"))
+                                  stderr=None, flavor=str(obj.get("flavor", "lm-eval"))))
     if not metrics:
         raise ValueError("scores: expected at least one task score, got none")
     return RunRecord(natural_key=content_hash(obj), kind="ruler-json", source=source, model=obj["model"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 import re
 import uuid
@@ -12,12 +13,21 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast
 
 from hylo_bench.tasks import ruler
-from hylo_bench.tasks.ruler import TASKS, generate_sample, get_task, list_tasks, sample_seed
-from hylo_bench.tasks.ruler import generators, haystack, sampling
+from hylo_bench.tasks.ruler import (
+    TASKS,
+    generate_sample,
+    generators,
+    get_task,
+    haystack,
+    list_tasks,
+    sample_seed,
+    sampling,
+)
 
 LENGTHS = (1024, 4096, 8192, 16384)
 NUM_SAMPLES = 2
 SEED = 42
+SYNTHETIC = [t for t, spec in TASKS.items() if spec.generator != "qa"]
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -52,10 +62,12 @@ def samples(tok):
     """Memoised ``(task, length) -> [sample 0, sample 1]``."""
     memo: dict = {}
 
-    def get(task: str, length: int) -> list[dict]:
-        if (task, length) not in memo:
-            memo[task, length] = [generate_sample(task, tok, length, i, SEED) for i in range(NUM_SAMPLES)]
-        return memo[task, length]
+    def get(task: str, length: int, flavor: str = "nvidia") -> list[dict]:
+        if (task, length, flavor) not in memo:
+            memo[task, length, flavor] = [
+                generate_sample(task, tok, length, i, SEED, flavor=flavor) for i in range(NUM_SAMPLES)
+            ]
+        return memo[task, length, flavor]
 
     return get
 
@@ -64,6 +76,7 @@ def test_registry_matches_ruler_md_table():
     assert list_tasks() == [
         "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
         "niah_multikey_3", "niah_multiquery", "niah_multivalue", "ruler_vt", "ruler_cwe", "ruler_fwe",
+        "ruler_qa_squad", "ruler_qa_hotpot",
     ]  # fmt: skip
     rows = {
         n: (t.haystack, t.key_type, t.value_type, t.num_keys, t.num_values, t.num_queries) for n, t in TASKS.items()
@@ -75,8 +88,11 @@ def test_registry_matches_ruler_md_table():
     assert rows["niah_multiquery"] == ("essay", "words", "numbers", 4, 1, 4)
     assert rows["niah_multivalue"] == ("essay", "words", "numbers", 1, 4, 1)
     gen = {name: t.max_gen_toks for name, t in TASKS.items()}
-    assert gen == {**{n: 128 for n in list_tasks()[:8]}, "ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50}
-    assert all(t.metric == "string_match_all" for t in TASKS.values())
+    assert gen == {**{n: 128 for n in list_tasks()[:8]}, "ruler_vt": 30, "ruler_cwe": 120, "ruler_fwe": 50,
+                   "ruler_qa_squad": 32, "ruler_qa_hotpot": 32}  # fmt: skip
+    assert [n for n, t in TASKS.items() if t.metric != "string_match_all"] == ["ruler_qa_squad", "ruler_qa_hotpot"]
+    assert {t.metric for t in TASKS.values()} == {"string_match_all", "string_match_part"}
+    assert (TASKS["ruler_qa_squad"].original_name, TASKS["ruler_qa_hotpot"].original_name) == ("qa_1", "qa_2")
     assert [n for n, t in TASKS.items() if t.target_delimiter != " "] == ["ruler_cwe"]
     assert TASKS["ruler_cwe"].target_delimiter == "\n\n"
 
@@ -140,19 +156,23 @@ def test_largest_fitting_matches_brute_force():
         sampling.largest_fitting(lambda n: 100 + n, budget=50, n_min=1, n_max=10, n_start=5)
 
 
+@pytest.mark.parametrize("flavor", ["nvidia", "lm-eval"])
 @pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("task", list(TASKS))
-def test_prompt_fits_budget_tightly(tok, samples, task, length):
+@pytest.mark.parametrize("task", SYNTHETIC)
+def test_prompt_fits_budget_tightly(tok, samples, task, length, flavor):
     max_gen = TASKS[task].max_gen_toks
-    for s in samples(task, length):
+    if flavor == "nvidia" and task == "ruler_cwe" and length == 1024:
+        pytest.skip("nvidia's CWE prompt carries its one-shot example and needs > 1024 tokens with this tokenizer")
+    for s in samples(task, length, flavor):
         total = s["prompt_tokens"] + max_gen
         assert s["prompt_tokens"] == len(tok(s["prompt"]).input_ids)
-        assert s["length"] == total and s["max_length"] == length
+        assert s["length"] == total and s["max_length"] == length and s["flavor"] == flavor
         assert total <= length
         assert total >= 0.95 * length, (task, length, total)
         if length >= 4096:
             assert total >= 0.98 * length, (task, length, total)
-        assert s["prompt"] == s["input"] + TASKS[task].target_delimiter + s["gen_prefix"]
+        delimiter = " " if flavor == "nvidia" else TASKS[task].target_delimiter
+        assert s["prompt"] == s["input"] + delimiter + s["gen_prefix"]
 
 
 def _niah_keys(sample: dict) -> list[str]:
@@ -215,8 +235,8 @@ def test_niah_single_1_prompt_ending(samples):
 
 
 @pytest.mark.parametrize("length", (1024, 4096))
-def test_vt_chain_and_prompt(samples, length):
-    for s in samples("ruler_vt", length):
+def test_vt_chain_and_prompt_lm_eval(samples, length):
+    for s in samples("ruler_vt", length, "lm-eval"):
         names = s["outputs"]
         assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)
         example, real = s["input"].split("\n\n\n\n")
@@ -234,6 +254,32 @@ def test_vt_chain_and_prompt(samples, length):
         )
         assert re.search(r"they are:  [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3}$", example)
         assert example.startswith("Memorize and track the chain(s)")
+        assert "\n The grass is green." in real and "variables are assigned" not in example + s["gen_prefix"]
+
+
+@pytest.mark.parametrize("length", (1024, 4096))
+def test_vt_chain_and_prompt_nvidia(samples, length):
+    for s in samples("ruler_vt", length, "nvidia"):
+        names = s["outputs"]
+        assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)
+        example = s["input"].split("\n\nMemorize and track")[0]
+        real = s["input"][len(example) + 2 :]
+        assert s["input"][len(example) : len(example) + 2] == "\n\n" and not example.endswith("\n")
+        head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+        assert real.startswith(head)
+        value = re.search(rf"VAR {names[0]} = (\d{{5}})\n", real)[1]
+        for a, b in itertools.pairwise(names):
+            assert f"\nVAR {b} = VAR {a} \n" in real
+        context = real.split("\n\n", 1)[1].rsplit("\nQuestion:", 1)[0]
+        assert all(line == haystack.NOISE_LINE or line.startswith("VAR ") for line in context.split("\n"))
+        assert s["gen_prefix"] == (
+            "Answer: According to the chain(s) of variable assignment in the text above, 5 variables are "
+            f"assigned the value {value}, they are: "
+        )
+        assert s["prompt"].endswith(f"in the text above. {s['gen_prefix']}")
+        ex_value = re.match(r"Memorize.*?\nVAR [A-Z]{3} = (\d{5})\n", example, re.DOTALL)
+        assert ex_value and ex_value[1] != "12345" and f"assigned the value {ex_value[1]}, they are:  " in example
+        assert re.search(r"they are:  [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3}$", example)
 
 
 def _cwe_entries(sample: dict) -> list[str]:
@@ -247,7 +293,7 @@ def _cwe_entries(sample: dict) -> list[str]:
 @pytest.mark.parametrize("length", (1024, 4096))
 def test_cwe_counts(samples, length):
     common_repeats, uncommon_repeats = generators.cwe_repeats(length)
-    for s in samples("ruler_cwe", length):
+    for s in samples("ruler_cwe", length, "lm-eval"):
         counts = collections.Counter(_cwe_entries(s))
         assert len(s["outputs"]) == 10 and len(counts) == s["haystack_units"]
         assert all(counts[w] == common_repeats for w in s["outputs"])
@@ -255,6 +301,17 @@ def test_cwe_counts(samples, length):
         assert s["prompt"] == s["input"] + "\n\nAnswer: The top 10 words that appear most often in the list are:"
         assert s["input"].endswith("\nQuestion: What are the 10 most common words in the above list?")
         assert "input_example" in s and s["input_example"] not in s["prompt"]
+
+
+def test_cwe_nvidia_puts_the_example_first(samples):
+    for s in samples("ruler_cwe", 4096, "nvidia"):
+        assert s["input"].startswith(s["input_example"] + "\nBelow is a numbered list of words.")
+        assert s["input_example"].count("Below is a numbered list of words.") == 1
+        assert re.search(r"list are:1\. \w+ 2\. ", s["input_example"])
+        assert s["prompt"] == s["input"] + " Answer: The top 10 words that appear most often in the list are:"
+        body = s["input"][len(s["input_example"]) + 1 :]
+        counts = collections.Counter(_cwe_entries({"input": body}))
+        assert all(counts[w] == 30 for w in s["outputs"]) and len(counts) == s["haystack_units"]
 
 
 @pytest.mark.parametrize("length", (1024, 4096))
@@ -317,3 +374,24 @@ def test_missing_haystack_file_names_path(tmp_path):
 
 def test_public_api_reexports():
     assert ruler.generate_sample is generate_sample and callable(ruler.score_prediction)
+
+
+def test_niah_sizes_to_256k_within_two_percent(tok):
+    """Generation is linear in the haystack: a 256K sample sizes in seconds (probe search + one sample)."""
+    length = 262144
+    for index in range(2):
+        s = generate_sample("niah_single_1", tok, length, index, SEED)
+        total = s["prompt_tokens"] + 128
+        assert 0.98 * length <= total <= length and s["prompt_tokens"] == len(tok(s["prompt"]).input_ids)
+        assert s["input"].count(f"One of the special magic numbers for {_niah_keys(s)[0]} is: {s['outputs'][0]}.") == 1
+
+
+def test_capped_haystack_warns_once(tok, caplog):
+    """CWE's word pool (8166 words, ruler.md section 8 row 4) cannot fill 256K: the prompt is short and logged."""
+    sampling.fitted_size.cache_clear()
+    with caplog.at_level("WARNING"):
+        s = generate_sample("ruler_cwe", tok, 262144, 0, SEED)
+        generate_sample("ruler_cwe", tok, 262144, 1, SEED)
+    assert s["haystack_units"] == 8166 and s["prompt_tokens"] < 0.9 * 262144
+    assert caplog.text.count("RULER ruler_cwe (nvidia) at 262144 tokens: prompts reach only") == 1
+    assert "capped at 8166 units" in caplog.text

@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+import transformers
 from rich.console import Console
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -20,10 +21,16 @@ from hylo_bench.tasks.ruler.haystack import default_haystack_text
 INFO = {"name": "tiny/llama", "path": "/nowhere", "hash": "abc123", "layout": "transformer", "kind": "hf"}
 TOP_KEYS = {
     "kind", "hylo_bench_version", "git_sha", "created_utc", "model", "tokenizer_hash", "seed", "samples_per_task",
-    "chat_template", "flavor", "records", "mean",
+    "chat_template", "flavor", "records", "mean", "provenance", "avg", "weighted_avg_inc", "weighted_avg_dec",
 }  # fmt: skip
 RECORD_KEYS = {
     "task", "seq_len", "score", "n", "seed", "nulls", "prompt_tokens_mean", "prompt_tokens_min", "prompt_tokens_max",
+    "flavor", "generator_version",
+}  # fmt: skip
+PROVENANCE_KEYS = {
+    "model_hash", "tokenizer_hash", "generator_version", "flavor", "seed", "samples_per_task", "batch_size", "dtype",
+    "device", "chat_template", "strip_think", "torch_version", "transformers_version", "python_version",
+    "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256",
 }  # fmt: skip
 
 
@@ -87,7 +94,8 @@ def _scripted(tok, cfg: RulerConfig, oracle: bool) -> ScriptedLM:
     for task in cfg.tasks:
         for length in cfg.lengths:
             for i in range(cfg.samples):
-                s = generate_sample(task, tok, length, i, cfg.seed, chat_template=cfg.chat_template)
+                s = generate_sample(task, tok, length, i, cfg.seed, chat_template=cfg.chat_template, flavor=cfg.flavor,
+                                    qa_path=cfg.qa_path(task))
                 ids = tok(s["prompt"], add_special_tokens=not cfg.chat_template).input_ids
                 answers[tuple(ids)] = " " + ", ".join(s["outputs"]) if oracle else ""
     return ScriptedLM(tok, answers)
@@ -103,13 +111,20 @@ def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
     cfg = _cfg(tmp_path)
     summary = evaluate_model(LlamaForCausalLM(config), tok, INFO, cfg, console=_quiet())
 
-    assert set(summary) == {"model", "scores", "mean", "results_path"} and summary["model"] == "tiny/llama"
+    assert set(summary) == {"model", "flavor", "scores", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec",
+                            "results_path"} and summary["model"] == "tiny/llama"
     assert set(summary["scores"]) == {"niah_single_1", "ruler_vt"}
     assert all(0.0 <= v["1024"] <= 100.0 for v in summary["scores"].values())
     files = list(tmp_path.glob("ruler-tiny_llama-*.json"))
     assert [str(f) for f in files] == [summary["results_path"]]
     doc = json.loads(files[0].read_text())
-    assert TOP_KEYS <= set(doc) and doc["kind"] == "ruler" and doc["flavor"] == "lm-eval"
+    assert TOP_KEYS <= set(doc) and doc["kind"] == "ruler" and doc["flavor"] == "nvidia"
+    prov = doc["provenance"]
+    assert set(prov) == PROVENANCE_KEYS
+    assert prov["model_hash"] == "abc123" and prov["tokenizer_hash"] == tokenizer_hash(tok)
+    assert (prov["dtype"], prov["device"], prov["batch_size"], prov["flavor"]) == ("float32", "cpu", 1, "nvidia")
+    assert prov["torch_version"] == torch.__version__ and prov["transformers_version"] == transformers.__version__
+    assert prov["generator_version"] == ruler_cache.GENERATOR_VERSION and prov["qa_data_sha256"] == {}
     assert doc["model"] == INFO and doc["tokenizer_hash"] == tokenizer_hash(tok)
     assert doc["seed"] == 42 and doc["samples_per_task"] == 2 and doc["chat_template"] is False
     got = [(r["task"], r["seq_len"], r["n"]) for r in doc["records"]]
@@ -119,19 +134,30 @@ def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
         assert r["prompt_tokens_min"] <= r["prompt_tokens_mean"] <= r["prompt_tokens_max"] <= 1024 - 30
     assert doc["mean"] == {"1024": pytest.approx(sum(r["score"] for r in doc["records"]) / 2)}
     assert summary["mean"] == doc["mean"]
+    assert doc["weighted_avg_inc"] == doc["weighted_avg_dec"] == doc["avg"] == doc["mean"]["1024"]
+    assert all(r["flavor"] == "nvidia" and r["generator_version"] == ruler_cache.GENERATOR_VERSION
+               for r in doc["records"])
     assert len(list((tmp_path / "cache").glob("*.jsonl"))) == 2
     tables = render_tables(summary)
-    assert len(tables) == 1 and tables[0].row_count == 3
+    assert len(tables) == 2 and tables[0].row_count == 3
+    assert [c.header for c in tables[1].columns] == ["1024", "Avg.", "wAvg. (inc)", "wAvg. (dec)"]
 
 
-def test_oracle_scores_100_and_empty_model_scores_0(tok, tmp_path):
-    cfg = _cfg(tmp_path, tasks=["niah_multivalue", "ruler_cwe", "ruler_fwe"], batch_size=2)
+@pytest.mark.parametrize("flavor", ["nvidia", "lm-eval"])
+def test_oracle_scores_100_and_empty_model_scores_0(tok, tmp_path, flavor):
+    # nvidia's CWE prompt carries its one-shot example: > 1024 tokens with this 1024-token vocabulary
+    length = 2048 if flavor == "nvidia" else 1024
+    cfg = _cfg(tmp_path, tasks=["niah_multivalue", "ruler_cwe", "ruler_fwe"], batch_size=2, flavor=flavor,
+               lengths=[length])
     oracle = evaluate_model(_scripted(tok, cfg, oracle=True), tok, INFO, cfg, console=_quiet())
-    assert oracle["scores"] == {t: {"1024": 100.0} for t in cfg.tasks} and oracle["mean"] == {"1024": 100.0}
+    key = str(length)
+    assert oracle["scores"] == {t: {key: 100.0} for t in cfg.tasks} and oracle["mean"] == {key: 100.0}
     empty = evaluate_model(_scripted(tok, cfg, oracle=False), tok, INFO, cfg, console=_quiet())
-    assert empty["scores"] == {t: {"1024": 0.0} for t in cfg.tasks}
+    assert empty["scores"] == {t: {key: 0.0} for t in cfg.tasks}
     doc = json.loads(open(empty["results_path"]).read())
     assert [r["nulls"] for r in doc["records"]] == [2, 2, 2]
+    assert doc["flavor"] == doc["provenance"]["flavor"] == flavor
+    assert {r["flavor"] for r in doc["records"]} == {flavor}
 
 
 def test_chat_template_prompts(tmp_path):
@@ -146,7 +172,7 @@ def test_chat_template_prompts(tmp_path):
     out = evaluate_model(_scripted(tok, cfg, oracle=True), tok, INFO, cfg, console=_quiet())
     assert out["scores"] == {"niah_single_1": {"1024": 100.0}}
     assert json.loads(open(out["results_path"]).read())["chat_template"] is True
-    assert list((tmp_path / "cache").glob("*-chat-v1.jsonl"))
+    assert list((tmp_path / "cache").glob(f"*-nvidia-*-chat-v{ruler_cache.GENERATOR_VERSION}.jsonl"))
 
 
 def test_sample_cache_is_reused_and_extended(tok, tmp_path, monkeypatch):

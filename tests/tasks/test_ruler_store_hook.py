@@ -7,6 +7,7 @@ import logging
 
 from hylo_bench.reports import store
 from hylo_bench.tasks.ruler import evaluate_model
+from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION
 from tests.tasks.test_ruler_runner import INFO, _cfg, _quiet, _scripted, tok  # noqa: F401 (tok is a fixture)
 
 
@@ -20,6 +21,8 @@ def test_ruler_results_land_in_the_default_store(tok, tmp_path, monkeypatch):  #
     assert sorted(zip(df["task"], df["seq_len"], df["value"], df["n"])) == [
         ("niah_single_1", 1024, 100.0, 2), ("ruler_vt", 1024, 100.0, 2)]
     assert store.table_counts(engine)["runs"] == 1
+    assert list(df["flavor"]) == ["nvidia", "nvidia"]
+    assert [json.loads(e)["generator_version"] for e in df["extra_json"]] == [GENERATOR_VERSION] * 2
     (o,) = store.import_files(engine, [out["results_path"]])  # importing the finished file later is a no-op
     assert o.status == "unchanged"
     assert json.loads(store.runs_frame(engine)["config_json"][0])["model"] == info

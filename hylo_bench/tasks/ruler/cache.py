@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa
 from hylo_bench.tasks.ruler.sampling import generate_sample
 
-GENERATOR_VERSION = 1
-"""Bump when generation changes, so stale caches are not reused."""
+GENERATOR_VERSION = 2
+"""Bump when generation changes, so stale caches are not reused (2: flavors, QA tasks)."""
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
@@ -43,11 +44,15 @@ def text_hash(text: str) -> str:
 
 
 def cache_path(
-    cache_dir: str | Path, task: str, length_tokens: int, tok_hash: str, seed: int, hay_hash: str, chat: bool
+    cache_dir: str | Path, task: str, length_tokens: int, tok_hash: str, seed: int, hay_hash: str, chat: bool,
+    flavor: str = "nvidia",
 ) -> Path:
-    """``<cache_dir>/<task>-<L>-tok<12 hex>-seed<seed>-hay<8 hex>[-chat]-v<GENERATOR_VERSION>.jsonl``."""
+    """``<cache_dir>/<task>-<L>-<flavor>-tok<12 hex>-seed<seed>-hay<8 hex>[-chat]-v<GENERATOR_VERSION>.jsonl``.
+
+    ``hay_hash`` is the essay text's hash, or for QA tasks the data file's sha256."""
     chat_tag = "-chat" if chat else ""
-    name = f"{task}-{length_tokens}-tok{tok_hash[:12]}-seed{seed}-hay{hay_hash[:8]}{chat_tag}-v{GENERATOR_VERSION}"
+    name = (f"{task}-{length_tokens}-{flavor}-tok{tok_hash[:12]}-seed{seed}-hay{hay_hash[:8]}{chat_tag}"
+            f"-v{GENERATOR_VERSION}")
     return Path(cache_dir) / f"{name}.jsonl"
 
 
@@ -80,11 +85,14 @@ def load_or_generate(
     cache_dir: str | Path,
     tok_hash: str | None = None,
     on_sample: Callable[[], None] | None = None,
+    flavor: str = "nvidia",
+    qa_path: str | Path | None = None,
 ) -> list[dict]:
     """Samples ``0 ... num_samples - 1`` of (task, length), read from the cache and extended as needed.
 
     Args:
-        task, tokenizer, length_tokens, seed, haystack_text, chat_template: as in ``generate_sample``.
+        task, tokenizer, length_tokens, seed, haystack_text, chat_template, flavor, qa_path: as in
+            ``generate_sample``.
         num_samples: how many samples to return.
         cache_dir: folder of the JSONL caches (created if missing).
         tok_hash: precomputed :func:`tokenizer_hash` (computed if ``None``).
@@ -94,13 +102,15 @@ def load_or_generate(
         ``num_samples`` sample dicts in index order.
     """
     tok_hash = tok_hash or tokenizer_hash(tokenizer)
-    path = cache_path(cache_dir, task, length_tokens, tok_hash, seed, text_hash(haystack_text), chat_template)
+    data_hash = load_qa(task, qa_path).sha256 if task in QA_SOURCES else text_hash(haystack_text)
+    path = cache_path(cache_dir, task, length_tokens, tok_hash, seed, data_hash, chat_template, flavor)
     samples = read_samples(path)
     if len(samples) >= num_samples:
         return samples[:num_samples]
     for index in range(len(samples), num_samples):
         samples.append(
-            generate_sample(task, tokenizer, length_tokens, index, seed, haystack_text, chat_template=chat_template)
+            generate_sample(task, tokenizer, length_tokens, index, seed, haystack_text, chat_template=chat_template,
+                            flavor=flavor, qa_path=qa_path)
         )
         if on_sample is not None:
             on_sample()

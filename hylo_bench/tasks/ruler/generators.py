@@ -1,9 +1,11 @@
-"""RULER sample builders (NIAH, variable tracking, CWE, FWE): one haystack size -> input, golds, gen_prefix.
+"""RULER sample builders (NIAH, variable tracking, CWE, FWE, QA): one haystack size -> input, golds, gen_prefix.
 
 Each builder is a pure function of ``(task, rng, num_units, context)``; the caller owns sizing and seeding
 (:mod:`hylo_bench.tasks.ruler.sampling`). Prompt strings are byte-exact copies of lm-evaluation-harness 0.4.13
-``lm_eval/tasks/ruler/{niah_utils,prepare_niah,vt_utils,cwe_utils,fwe_utils}.py`` (ruler.md section 3), with
-the global ``random``/numpy draws replaced by the per-sample ``rng`` (ruler.md section 5.3, hylo-bench policy).
+``lm_eval/tasks/ruler/{niah_utils,prepare_niah,vt_utils,cwe_utils,fwe_utils,qa_utils}.py`` (ruler.md section 3)
+and, for ``flavor="nvidia"``, of NVIDIA/RULER ``scripts/data/synthetic/*.py`` where the two differ (VT and CWE;
+docs/ruler.md lists every difference), with the global ``random``/numpy draws replaced by the per-sample ``rng``
+(ruler.md section 5.3, hylo-bench policy).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hylo_bench.tasks.ruler.haystack import (
     random_needle,
     split_sentences,
 )
+from hylo_bench.tasks.ruler.qa import QA_GEN_PREFIX, QAData, qa_text, select_docs
 from hylo_bench.tasks.ruler.registry import RulerTask
 
 NIAH_TEMPLATE = (
@@ -37,6 +40,10 @@ VT_ANSWER_PREFIX = (
     " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
     "assgined the value {query}, they are: "
 )
+VT_ANSWER_PREFIX_NVIDIA = VT_ANSWER_PREFIX.replace("assgined", "assigned")
+"""NVIDIA/RULER fixed lm-eval's "assgined" typo in May 2025 (ruler.md section 3.2)."""
+VT_EXAMPLE_VALUE = "12345"
+"""NVIDIA/RULER builds the VT example with this value and replaces it per sample."""
 CWE_TEMPLATE = (
     "Below is a numbered list of words. In these words, some appear more often than others. "
     "Memorize the ones that appear most often.\n{context}\n"
@@ -64,13 +71,22 @@ class BuildContext:
 
     Attributes:
         length_tokens: target length L (CWE repeat counts and FWE vocabulary size depend on it).
+        flavor: ``nvidia`` | ``lm-eval`` (registry.FLAVORS).
         essay: essay words (NIAH essay haystack), empty otherwise.
-        vt_example: the VT one-shot example text (ending ``"\\n\\n"``), empty otherwise.
+        vt_example: the VT one-shot example text (input, answer prefix, names, then ``"\\n\\n"`` for lm-eval,
+            ``"\\n"`` for nvidia), empty otherwise.
+        qa: parsed QA data (QA tasks), ``None`` otherwise.
+        question_index: QA question of this sample (sample i asks question i).
+        qa_extra: extra distractor document ids appended by the sizing's gap fill.
     """
 
     length_tokens: int
+    flavor: str = "nvidia"
     essay: tuple[str, ...] = ()
     vt_example: str = ""
+    qa: QAData | None = None
+    question_index: int = 0
+    qa_extra: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,13 +103,15 @@ def build(task: RulerTask, rng: random.Random, num_units: int, ctx: BuildContext
     """Build one sample of ``task`` with a haystack of ``num_units`` units.
 
     Units: NIAH repeat/needle = haystack lines, NIAH essay = words, VT = noise lines, CWE = distinct words,
-    FWE = the Zipf word budget ``num_words``.
+    FWE = the Zipf word budget ``num_words``, QA = documents.
 
     Raises:
         ValueError: the generator is not implemented.
     """
     if task.generator == "niah":
         return build_niah(task, rng, num_units, ctx)
+    if task.generator == "qa":
+        return build_qa(rng, num_units, ctx)
     if task.generator == "vt":
         return build_vt(rng, num_units, ctx)
     if task.generator == "cwe":
@@ -155,12 +173,13 @@ def build_niah(task: RulerTask, rng: random.Random, num_units: int, ctx: BuildCo
     return Built(input=text, outputs=answers, gen_prefix=gen_prefix, extra={})
 
 
-def _vt_chain(rng: random.Random, num_hops: int, is_icl: bool) -> tuple[list[str], list[str]]:
+def _vt_chain(rng: random.Random, num_hops: int, is_icl: bool, flavor: str) -> tuple[list[str], list[str]]:
     """One variable chain: names (5 letters; 3 for the example) and its ``VAR X = ...`` lines.
 
     Names are drawn until ``num_hops + 1`` distinct ones exist and the first distinct ones are used; lm-eval
     draws the same way but keeps a repeated name in the chain and plants the surplus names as an extra chain
-    (a 1-in-a-million event for 5-letter names), which is not reproduced.
+    (a 1-in-a-million event for 5-letter names), which is not reproduced. The nvidia example's value is
+    ``12345`` (re-drawn per sample); otherwise a random 5-digit value.
     """
     k = 3 if is_icl else 5
     num_hops = min(10, num_hops) if is_icl else num_hops
@@ -168,42 +187,68 @@ def _vt_chain(rng: random.Random, num_hops: int, is_icl: bool) -> tuple[list[str
     while len(set(names)) < num_hops + 1:
         names.append("".join(rng.choices(string.ascii_uppercase, k=k)))
     names = list(dict.fromkeys(names))[: num_hops + 1]
-    chain = [f"VAR {names[0]} = {rng.randint(10000, 99998)}"]
+    value = VT_EXAMPLE_VALUE if is_icl and flavor == "nvidia" else str(rng.randint(10000, 99998))
+    chain = [f"VAR {names[0]} = {value}"]
     chain += [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(num_hops)]
     return names, chain
 
 
-def vt_text(rng: random.Random, num_noises: int, num_hops: int, is_icl: bool) -> tuple[str, list[str]]:
-    """VT template + answer prefix with one chain among ``num_noises`` noise lines (lm-eval ``vt_utils``)."""
-    names, chain = _vt_chain(rng, num_hops, is_icl)
-    sentences = [NOISE_LINE + "\n"] * num_noises
-    if len(sentences) <= len(chain):
-        pieces = [x for noise in sentences for x in noise.split(".")]
-        sentences = [p + "." if len(p.strip()) > 0 else p for p in pieces]
+def vt_text(rng: random.Random, num_noises: int, num_hops: int, is_icl: bool,
+            flavor: str = "nvidia") -> tuple[str, list[str]]:
+    """VT template + answer prefix with one chain among ``num_noises`` noise lines.
+
+    lm-eval (``vt_utils``): noise lines end in ``\\n`` and are joined by spaces; nvidia (``variable_tracking.py``):
+    joined by ``\\n``, answer prefix spelled "assigned".
+    """
+    names, chain = _vt_chain(rng, num_hops, is_icl, flavor)
+    if flavor == "nvidia":
+        assert num_noises >= len(chain), f"nvidia VT needs >= {len(chain)} noise lines, got {num_noises}"
+        sentences = [NOISE_LINE] * num_noises
+        positions = sorted(rng.sample(range(len(sentences)), len(chain)))
+        for j, pos in enumerate(positions):
+            sentences.insert(pos + j, chain[j])
+        context = "\n".join(sentences).replace(". \n", ".\n")
+        prefix = VT_ANSWER_PREFIX_NVIDIA
+    else:
+        sentences = [NOISE_LINE + "\n"] * num_noises
         if len(sentences) <= len(chain):
-            chain = chain[: len(sentences) - 1]
-    positions = sorted(rng.sample(range(len(sentences)), len(chain)))
-    for j, pos in enumerate(positions):
-        sentences.insert(pos + j, chain[j])
-    context = " ".join(sentences).replace(". \n", ".\n")
+            pieces = [x for noise in sentences for x in noise.split(".")]
+            sentences = [p + "." if len(p.strip()) > 0 else p for p in pieces]
+            if len(sentences) <= len(chain):
+                chain = chain[: len(sentences) - 1]
+        positions = sorted(rng.sample(range(len(sentences)), len(chain)))
+        for j, pos in enumerate(positions):
+            sentences.insert(pos + j, chain[j])
+        context = " ".join(sentences).replace(". \n", ".\n")
+        prefix = VT_ANSWER_PREFIX
     value = chain[0].split("=")[-1].strip()
-    return (VT_TEMPLATE + VT_ANSWER_PREFIX).format(context=context, query=value, num_v=num_hops + 1), names
+    return (VT_TEMPLATE + prefix).format(context=context, query=value, num_v=num_hops + 1), names
 
 
-def randomize_vt_example(example: str, rng: random.Random) -> str:
-    """Re-draw the example's variable names (lm-eval ``vt_utils.randomize_icl``); its value is kept."""
-    cut = example.index(VT_ANSWER_PREFIX[-10:])
-    for item in example[cut + 10 :].strip().split():
+def randomize_vt_example(example: str, rng: random.Random, flavor: str = "nvidia") -> str:
+    """Re-draw the example's variable names (lm-eval ``vt_utils.randomize_icl``; its value is kept); nvidia also
+    replaces the example value ``12345`` by a random 5-digit value (``variable_tracking.randomize_icl``)."""
+    if flavor == "nvidia":
+        names = example.strip().split()[-5:]
+    else:
+        cut = example.index(VT_ANSWER_PREFIX[-10:])
+        names = example[cut + 10 :].strip().split()
+    for item in names:
         example = example.replace(item, "".join(rng.choices(string.ascii_uppercase, k=len(item))))
+    if flavor == "nvidia":
+        example = example.replace(VT_EXAMPLE_VALUE, str(rng.randint(10000, 99998)))
     return example
 
 
 def build_vt(rng: random.Random, num_units: int, ctx: BuildContext, num_hops: int = 4) -> Built:
-    """Variable-tracking sample: example + 4 newlines + prompt (ruler.md section 3.2)."""
-    text, names = vt_text(rng, num_units, num_hops, is_icl=False)
-    text = randomize_vt_example(ctx.vt_example, rng) + "\n\n" + text
+    """Variable-tracking sample: example, then 4 newlines (lm-eval) or 2 (nvidia), then the prompt (ruler.md
+    section 3.2). The nvidia ``gen_prefix`` keeps the original answer prefix's trailing space."""
+    text, names = vt_text(rng, num_units, num_hops, is_icl=False, flavor=ctx.flavor)
+    joiner = "\n" if ctx.flavor == "nvidia" else "\n\n"
+    text = randomize_vt_example(ctx.vt_example, rng, ctx.flavor) + joiner + text
     cut = text.rfind(" Answer: According to the chain(s) of variable assignment")
-    return Built(input=text[:cut], outputs=names, gen_prefix=text[cut:].strip(), extra={})
+    prefix = text[cut:].lstrip() if ctx.flavor == "nvidia" else text[cut:].strip()
+    return Built(input=text[:cut], outputs=names, gen_prefix=prefix, extra={})
 
 
 def _cwe_list(rng: random.Random, num_words: int, common_repeats: int, uncommon_repeats: int) -> tuple[str, list]:
@@ -220,7 +265,8 @@ def cwe_repeats(length_tokens: int) -> tuple[int, int]:
 
 
 def build_cwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
-    """Common-words sample (ruler.md section 3.3). ``input_example`` is kept as a field, not put in the prompt."""
+    """Common-words sample (ruler.md section 3.3). lm-eval keeps ``input_example`` as a field, not in the prompt;
+    nvidia puts it first: ``input = input_example + "\\n" + list prompt``."""
     if ctx.length_tokens < 4096:
         example, example_answer = _cwe_list(rng, 20, 3, 1)
     else:
@@ -232,6 +278,8 @@ def build_cwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
     text = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=context)
     text = text[: text.rfind(CWE_ANSWER_PREFIX)].strip()
     extra = {"input_example": input_example}
+    if ctx.flavor == "nvidia":
+        text = input_example + "\n" + text
     return Built(input=text, outputs=answer, gen_prefix=CWE_ANSWER_PREFIX.strip(), extra=extra)
 
 
@@ -254,3 +302,14 @@ def build_fwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
     text = (FWE_TEMPLATE + FWE_ANSWER_PREFIX).format(context=" ".join(words))
     text = text[: text.rfind(FWE_ANSWER_PREFIX)].strip()
     return Built(input=text, outputs=vocab[1:4], gen_prefix=FWE_ANSWER_PREFIX.strip(), extra={})
+
+
+def build_qa(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
+    """QA sample: question ``ctx.question_index`` with ``num_units`` documents (+ ``ctx.qa_extra``), ruler.md
+    section 3.5. ``outputs`` = the gold answers (SQuAD: every annotator answer, duplicates kept)."""
+    assert ctx.qa is not None, "QA tasks need BuildContext.qa"
+    item = ctx.qa.questions[ctx.question_index]
+    doc_ids = select_docs(ctx.qa, item, num_units, rng, ctx.flavor, ctx.qa_extra)
+    extra = {"question_index": ctx.question_index, "num_docs": len(doc_ids), "query": item.query}
+    return Built(input=qa_text(ctx.qa, item, doc_ids), outputs=list(item.outputs), gen_prefix=QA_GEN_PREFIX,
+                 extra=extra)

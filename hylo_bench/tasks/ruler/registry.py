@@ -9,12 +9,17 @@ from typing import Mapping
 
 import yaml
 
-GENERATORS = ("niah", "vt", "cwe", "fwe")
-"""Generators implemented in :mod:`hylo_bench.tasks.ruler.generators` (``qa`` comes later)."""
+GENERATORS = ("niah", "vt", "cwe", "fwe", "qa")
+"""Generators implemented in :mod:`hylo_bench.tasks.ruler.generators`."""
+FLAVORS = ("nvidia", "lm-eval")
+"""``nvidia``: NVIDIA/RULER as of ``c3f5e3b``; ``lm-eval``: lm-evaluation-harness 0.4.13's port (docs/ruler.md)."""
 
 METRICS = ("string_match_all", "string_match_part")
 NEEDLE_TYPES = ("words", "numbers", "uuids")
-HAYSTACKS = {"niah": ("repeat", "essay", "needle"), "vt": ("noise",), "cwe": ("words",), "fwe": ("coded",)}
+HAYSTACKS = {
+    "niah": ("repeat", "essay", "needle"), "vt": ("noise",), "cwe": ("words",), "fwe": ("coded",),
+    "qa": ("squad", "hotpotqa"),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -24,8 +29,9 @@ class RulerTask:
     Attributes:
         name: lm-eval task name, e.g. ``"niah_single_1"`` or ``"ruler_vt"``.
         original_name: name in NVIDIA/RULER ``scripts/synthetic.yaml``.
-        generator: ``niah`` | ``vt`` | ``cwe`` | ``fwe``.
-        haystack: ``repeat`` | ``essay`` | ``needle`` (NIAH), ``noise`` (VT), ``words`` (CWE), ``coded`` (FWE).
+        generator: ``niah`` | ``vt`` | ``cwe`` | ``fwe`` | ``qa``.
+        haystack: ``repeat`` | ``essay`` | ``needle`` (NIAH), ``noise`` (VT), ``words`` (CWE), ``coded`` (FWE),
+            ``squad`` | ``hotpotqa`` (QA: paragraphs of that dataset).
         key_type: needle key type (``words`` | ``numbers`` | ``uuids``), ``None`` for non-NIAH tasks.
         value_type: needle value type, ``None`` for non-NIAH tasks.
         num_keys: NIAH keys k; VT chains. ``None`` where unused.
@@ -95,6 +101,17 @@ TASKS: Mapping[str, RulerTask] = _load_tasks()
 def list_tasks() -> list[str]:
     """Names of the implemented RULER tasks, in lm-eval ``ruler.yaml`` order."""
     return list(TASKS)
+
+
+def check_flavor(flavor: str) -> str:
+    """Return ``flavor`` if it is one of :data:`FLAVORS`.
+
+    Raises:
+        ValueError: unknown flavor (the message lists the valid ones).
+    """
+    if flavor not in FLAVORS:
+        raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}; got {flavor!r}")
+    return flavor
 
 
 def get_task(name: str) -> RulerTask:

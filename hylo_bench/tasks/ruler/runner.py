@@ -7,7 +7,9 @@ Results are rewritten atomically after every (task, length), so an interrupted r
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
+import platform
 import re
 import statistics
 from datetime import datetime, timezone
@@ -21,15 +23,16 @@ from rich.text import Text
 
 import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, git_sha
-from hylo_bench.tasks.ruler.cache import load_or_generate, text_hash, tokenizer_hash
+from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, load_or_generate, text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.haystack import read_haystack_text
-from hylo_bench.tasks.ruler.registry import get_task
+from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
+from hylo_bench.tasks.ruler.registry import check_flavor, get_task, list_tasks
 from hylo_bench.tasks.ruler.sampling import encode_prompt
-from hylo_bench.tasks.ruler.scoring import mean_score, task_score
+from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_averages
 
 logger = logging.getLogger(__name__)
-FLAVOR = "lm-eval"
 MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
+SUMMARY_KEYS = ("avg", "weighted_avg_inc", "weighted_avg_dec")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -49,6 +52,12 @@ class RulerConfig:
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         strip_think: remove ``<think>...</think>`` spans from predictions before scoring
             (:func:`hylo_bench.tasks.text.strip_think`; for Qwen3-based checkpoints).
+        flavor: ``nvidia`` (NVIDIA/RULER prompts and QA any-match) or ``lm-eval`` (lm-eval 0.4.13's variant);
+            docs/ruler.md lists the differences.
+        squad_path: SQuAD v2 dev JSON for ``ruler_qa_squad`` (``None``: ``$HYLO_BENCH_SQUAD``, else
+            ``~/.cache/hylo_bench/ruler/dev-v2.0.json``).
+        hotpotqa_path: HotpotQA dev distractor JSON for ``ruler_qa_hotpot`` (``None``: ``$HYLO_BENCH_HOTPOTQA``,
+            else ``~/.cache/hylo_bench/ruler/hotpot_dev_distractor_v1.json``).
     """
 
     model: str
@@ -62,6 +71,13 @@ class RulerConfig:
     chat_template: bool = False
     device: str | None = None
     strip_think: bool = False
+    flavor: str = "nvidia"
+    squad_path: str | Path | None = None
+    hotpotqa_path: str | Path | None = None
+
+    def qa_path(self, task: str) -> str | Path | None:
+        """The configured data file of a QA task (``None``: environment variable or default location)."""
+        return self.squad_path if task == "ruler_qa_squad" else self.hotpotqa_path
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
@@ -80,13 +96,38 @@ class RulerConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.haystack_path is not None and not Path(self.haystack_path).is_file():
             raise ValueError(f"haystack_path {str(self.haystack_path)!r} is not a file; pass a text file or omit it")
+        check_flavor(self.flavor)
+        for task in self.tasks:
+            if task in QA_SOURCES:
+                found, reason = locate_qa_file(task, self.qa_path(task))
+                if found is None:
+                    raise FileNotFoundError(reason)
 
     def to_dict(self) -> dict:
         """JSON-ready copy (paths as strings)."""
         out = dataclasses.asdict(self)
-        out["results_dir"] = str(self.results_dir)
-        out["haystack_path"] = None if self.haystack_path is None else str(self.haystack_path)
+        for key in ("results_dir", "haystack_path", "squad_path", "hotpotqa_path"):
+            out[key] = None if out[key] is None else str(out[key])
         return out
+
+
+def select_tasks(spec: str, squad_path: str | Path | None = None, hotpotqa_path: str | Path | None = None) -> list[str]:
+    """Task list from a ``--tasks`` value: ``"all"`` or comma-separated names.
+
+    ``"all"`` = the 13 tasks, minus each QA task whose data file is missing (logged with the reason, so offline
+    demos keep working); named QA tasks are kept and fail later with the missing-file message.
+    """
+    if spec.strip() != "all":
+        return [t.strip() for t in spec.split(",") if t.strip()]
+    tasks = []
+    for task in list_tasks():
+        if task in QA_SOURCES:
+            found, reason = locate_qa_file(task, squad_path if task == "ruler_qa_squad" else hotpotqa_path)
+            if found is None:
+                logger.warning("skipping %s: %s", task, reason)
+                continue
+        tasks.append(task)
+    return tasks
 
 
 def run(cfg: RulerConfig, *, console: Console | None = None) -> dict:
@@ -171,30 +212,69 @@ def _results_path(results_dir: Path, model_name: str) -> Path:
     return path
 
 
-def _header(model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str) -> dict:
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str) -> dict:
+    """What produced a results file: model and tokenizer hashes, generator version, flavor, seed, samples, batch
+    size, parameter dtype and device (read from the model), torch / transformers / Python versions, git sha, and
+    the sha256 of the essay text and of each QA data file used."""
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    qa_files = {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES}
+    return {
+        "model_hash": model_info["hash"],
+        "tokenizer_hash": tok_hash,
+        "generator_version": GENERATOR_VERSION,
+        "flavor": cfg.flavor,
+        "seed": cfg.seed,
+        "samples_per_task": cfg.samples,
+        "batch_size": cfg.batch_size,
+        "dtype": "unknown" if param is None else str(param.dtype).removeprefix("torch."),
+        "device": "unknown" if param is None else str(param.device),
+        "chat_template": cfg.chat_template,
+        "strip_think": cfg.strip_think,
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "python_version": platform.python_version(),
+        "hylo_bench_version": hylo_bench.__version__,
+        "git_sha": git_sha(),
+        "haystack_sha256": text_hash(haystack_text),
+        "qa_data_sha256": qa_files,
+    }
+
+
+def _header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
     return {
         "kind": "ruler",
         "hylo_bench_version": hylo_bench.__version__,
-        "git_sha": git_sha(),
+        "git_sha": prov["git_sha"],
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
-        "tokenizer_hash": tok_hash,
+        "tokenizer_hash": prov["tokenizer_hash"],
         "seed": cfg.seed,
         "samples_per_task": cfg.samples,
         "chat_template": cfg.chat_template,
-        "flavor": FLAVOR,
-        "haystack_sha256": text_hash(haystack_text),
+        "flavor": cfg.flavor,
+        "haystack_sha256": prov["haystack_sha256"],
+        "provenance": prov,
         "config": cfg.to_dict(),
         "records": [],
         "mean": {},
+        "avg": None,
+        "weighted_avg_inc": None,
+        "weighted_avg_dec": None,
     }
 
 
 def _record(task: str, length: int, seed: int, samples: list[dict], predictions: list[str],
-            strip_think: bool = False) -> dict:
-    agg = task_score(task, predictions, [s["outputs"] for s in samples], flavor=FLAVOR, strip_think=strip_think)
+            strip_think: bool = False, flavor: str = "nvidia") -> dict:
+    agg = task_score(task, predictions, [s["outputs"] for s in samples], flavor=flavor, strip_think=strip_think)
     prompt_tokens = [s["prompt_tokens"] for s in samples]
-    return {
+    record = {
         "task": task,
         "seq_len": length,
         "score": agg["score"],
@@ -204,7 +284,12 @@ def _record(task: str, length: int, seed: int, samples: list[dict], predictions:
         "prompt_tokens_mean": statistics.fmean(prompt_tokens),
         "prompt_tokens_min": min(prompt_tokens),
         "prompt_tokens_max": max(prompt_tokens),
+        "flavor": flavor,
+        "generator_version": GENERATOR_VERSION,
     }
+    if "score_by_flavor" in agg:
+        record["score_by_flavor"] = agg["score_by_flavor"]
+    return record
 
 
 def _means(records: list[dict]) -> dict[str, float]:
@@ -249,8 +334,11 @@ def evaluate_model(
         console: rich console for the progress bar (default: stderr).
 
     Returns:
-        ``{"model": name, "scores": {task: {"<L>": score}}, "mean": {"<L>": score}, "results_path": str}``,
-        scores 0-100, mean = unweighted mean over the tasks run at that length.
+        ``{"model": name, "flavor": str, "scores": {task: {"<L>": score}}, "mean": {"<L>": score}, "avg",
+        "weighted_avg_inc", "weighted_avg_dec", "results_path": str}``, scores 0-100; mean = unweighted mean over
+        the tasks run at that length; avg / wAvg (inc) / wAvg (dec) = plain and length-rank-weighted means of
+        ``mean`` (:func:`hylo_bench.tasks.ruler.scoring.weighted_averages`). The results JSON holds the same
+        plus ``provenance`` and one record per (task, length).
 
     Raises:
         ValueError: ``model_info`` lacks a key, or a length is too small for a task.
@@ -263,7 +351,7 @@ def evaluate_model(
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = _results_path(results_dir, str(model_info["name"]))
-    doc = _header(model_info, cfg, tok_hash, haystack_text)
+    doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text))
     if hasattr(model, "eval"):
         model.eval()
     scores: dict[str, dict[str, float]] = {}
@@ -277,22 +365,25 @@ def evaluate_model(
                 samples = load_or_generate(
                     task, tokenizer, length, cfg.samples, seed=cfg.seed, haystack_text=haystack_text,
                     chat_template=cfg.chat_template, cache_dir=results_dir / "cache", tok_hash=tok_hash,
-                    on_sample=lambda: progress.advance(gen_bar),
+                    on_sample=lambda: progress.advance(gen_bar), flavor=cfg.flavor, qa_path=cfg.qa_path(task),
                 )
                 progress.remove_task(gen_bar)
                 max_new = get_task(task).max_gen_toks
                 preds = _predict(model, tokenizer, samples, cfg, max_new, lambda k: progress.advance(bar, k))
-                record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think)
+                record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
+                doc.update(weighted_averages(doc["mean"]))
                 atomic_write_json(path, doc)
                 _record_in_store(doc, path, results_dir)
                 scores.setdefault(task, {})[str(length)] = record["score"]
-    return {"model": model_info["name"], "scores": scores, "mean": doc["mean"], "results_path": str(path)}
+    return {"model": model_info["name"], "flavor": cfg.flavor, "scores": scores, "mean": doc["mean"],
+            **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path)}
 
 
 def render_tables(summary: dict) -> list[Table]:
-    """One rich table per length: a row per task (score 0-100) and a final ``mean`` row.
+    """One rich table per length (a row per task, score 0-100, and a final ``mean`` row), then one summary row
+    in RULER's README layout: the per-length means, Avg., wAvg. (inc) and wAvg. (dec).
 
     Args:
         summary: the dict returned by :func:`evaluate_model` / :func:`run`.
@@ -307,5 +398,13 @@ def render_tables(summary: dict) -> list[Table]:
                 table.add_row(task, f"{by_length[length]:.2f}")
         table.add_section()
         table.add_row("mean", f"{mean:.2f}", style="bold")
+        tables.append(table)
+    if summary["mean"]:
+        table = Table(title=f"RULER {summary['model']} ({summary.get('flavor', 'nvidia')} flavor)")
+        lengths = sorted(summary["mean"], key=int)
+        for col in [*lengths, "Avg.", "wAvg. (inc)", "wAvg. (dec)"]:
+            table.add_column(col, justify="right")
+        table.add_row(*[f"{summary['mean'][n]:.2f}" for n in lengths],
+                      *[f"{summary[k]:.2f}" for k in SUMMARY_KEYS])
         tables.append(table)
     return tables

@@ -6,18 +6,30 @@ the model's own tokenizer on the exact prompt fed to the model, and the haystack
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import logging
 import math
 import random
+from pathlib import Path
 from typing import Any, Callable
 
 from hylo_bench.tasks.ruler.generators import VT_EXAMPLE_BUDGET_TOKENS, BuildContext, Built, build, vt_text
 from hylo_bench.tasks.ruler.haystack import cwe_words, default_haystack_text, essay_words
-from hylo_bench.tasks.ruler.registry import RulerTask, get_task
+from hylo_bench.tasks.ruler.qa import DOCUMENT_TEMPLATE, QAData, fill_candidates, load_qa
+from hylo_bench.tasks.ruler.registry import RulerTask, check_flavor, get_task
 
+logger = logging.getLogger(__name__)
+
+SHORT_WARNING_FRACTION = 0.98
+""":func:`fitted_size` warns when the probe's ``prompt_tokens + max_gen_toks`` stays below this fraction of L."""
 SAMPLE_TOLERANCE = 0.005
 """A sample stops searching once its slack below the budget is at most this fraction of ``length_tokens``."""
+PROBE_TOLERANCE = 0.001
+"""The probe search (:func:`fitted_size`) stops at this slack fraction; each probe step tokenizes a whole prompt."""
+QA_FILL_CANDIDATES = 64
+"""QA gap fill: how many next-priority documents are tried when a whole-document count leaves slack."""
 
 
 class PromptTooLongError(ValueError):
@@ -30,16 +42,19 @@ def sample_seed(seed: int, task: str, length_tokens: int, index: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def render_prompt(task: RulerTask, input_text: str, gen_prefix: str, tokenizer: Any, chat_template: bool) -> str:
+def render_prompt(task: RulerTask, input_text: str, gen_prefix: str, tokenizer: Any, chat_template: bool,
+                  flavor: str = "nvidia") -> str:
     """Final prompt text: ``input + target_delimiter + gen_prefix`` (ruler.md section 4).
 
-    With ``chat_template``, ``input`` is the user turn (``apply_chat_template(..., add_generation_prompt=True)``)
-    and ``gen_prefix`` is appended to the open assistant turn, which the model continues.
+    ``flavor="nvidia"`` always joins with one space (the original appends its answer prefix, which starts with a
+    space); lm-eval uses the task's ``target_delimiter`` (``"\\n\\n"`` for CWE). With ``chat_template``,
+    ``input`` is the user turn (``apply_chat_template(..., add_generation_prompt=True)``) and ``gen_prefix`` is
+    appended to the open assistant turn, which the model continues.
     """
     if chat_template:
         messages = [{"role": "user", "content": input_text}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + gen_prefix
-    delimiter = task.target_delimiter
+    delimiter = " " if flavor == "nvidia" else task.target_delimiter
     if input_text[-1:].isspace() or gen_prefix[:1].isspace():
         delimiter = ""
     return input_text + delimiter + gen_prefix
@@ -62,11 +77,11 @@ def largest_fitting(
 ) -> int:
     """Largest ``n`` in ``[n_min, n_max]`` with ``measure(n) <= budget`` (``measure`` roughly non-decreasing).
 
-    Interpolation search with bisection fallback: probes ``n_start`` first, extrapolates linearly until a probe
-    overshoots, then interpolates inside the bracket (every second step bisects, so the bracket at least halves
-    every two steps). Stops early at a fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``.
-    ``measure`` is called at most once per ``n``: about 4-10 times for a cold search, once or twice from a
-    good ``n_start``.
+    Safeguarded interpolation search: probes ``n_start`` first, extrapolates linearly until a probe overshoots,
+    then interpolates inside the bracket, aiming ``tol_tokens / 2`` below the budget; a step that fails to halve
+    the bracket is followed by a bisection, so the bracket at least halves every two steps. Stops early at a
+    fitting ``n`` whose slack ``budget - measure(n)`` is ``<= tol_tokens``. ``measure`` is called at most once per
+    ``n``: about 4-8 times for a cold search, once or twice from a good ``n_start``.
 
     Raises:
         PromptTooLongError: ``measure(n_min) > budget``.
@@ -76,7 +91,8 @@ def largest_fitting(
         raise PromptTooLongError(f"{f_lo} tokens at the smallest haystack > budget {budget}")
     hi, f_hi = None, None  # smallest n known to overshoot
     anchor, f_anchor = n_min, f_lo  # a second fitting point for the slope while no overshoot is known
-    probe, step = min(max(n_start, n_min), n_max), 0
+    target = budget - tol_tokens // 2
+    probe, bisect_next, width = min(max(n_start, n_min), n_max), False, None
     while True:
         if probe > lo:
             f = measure(probe)
@@ -87,45 +103,64 @@ def largest_fitting(
                 hi, f_hi = probe, f
         if lo >= n_max or (hi is not None and hi - lo <= 1) or budget - f_lo <= tol_tokens:
             return lo
-        step += 1
+        if hi is not None:
+            bisect_next = not bisect_next and width is not None and 2 * (hi - lo) > width
+            width = hi - lo
         if hi is None:
             slope = (f_lo - f_anchor) / (lo - anchor) if lo > anchor else 0.0
-            probe = lo + (math.ceil((budget - f_lo) / slope) if slope > 0 else max(1, lo - n_min))
+            probe = lo + (math.ceil((target - f_lo) / slope) if slope > 0 else max(1, lo - n_min))
             probe = min(max(probe, lo + 1), n_max)
-        elif step % 2 == 0 or f_hi <= f_lo:
+        elif bisect_next or f_hi <= f_lo:
             probe = (lo + hi) // 2
         else:
-            probe = lo + int((budget - f_lo) * (hi - lo) / (f_hi - f_lo))
+            probe = lo + int((max(target, f_lo + 1) - f_lo) * (hi - lo) / (f_hi - f_lo))
             probe = min(max(probe, lo + 1), hi - 1)
 
 
-def _size_bounds(task: RulerTask, length_tokens: int) -> tuple[int, int]:
+def _size_bounds(task: RulerTask, length_tokens: int, ctx: BuildContext) -> tuple[int, int]:
     """Haystack units allowed: NIAH lines >= #needles; CWE 10 ... 8166 words (lm-eval's pool, ruler.md section 8
-    row 4); others >= 1. The upper bound 8 x length only guards against tokenizers that under-count."""
+    row 4); QA >= the question's own paragraphs; nvidia VT >= 5 noise lines; lm-eval caps the essay and the QA
+    corpus at their ends (ruler.md section 8 row 7); others >= 1. The upper bound 8 x length only guards against
+    tokenizers that under-count."""
     cap = 8 * length_tokens
     if task.generator == "niah" and task.haystack != "essay":
         return task.num_needle_keys * task.num_values, cap
+    if task.generator == "niah" and ctx.flavor == "lm-eval":
+        return 1, min(cap, len(ctx.essay))
     if task.generator == "cwe":
         return 10, len(cwe_words())
+    if task.generator == "vt" and ctx.flavor == "nvidia":
+        return 5, cap
+    if task.generator == "qa":
+        assert ctx.qa is not None
+        own = len(ctx.qa.questions[ctx.question_index].context)
+        return own, max(own, len(ctx.qa.docs)) if ctx.flavor == "lm-eval" else max(own, cap)
     return 1, cap
 
 
 @functools.lru_cache(maxsize=64)
-def _vt_example(tokenizer: Any, length_tokens: int, seed: int) -> str:
-    """The VT one-shot example for one target length: input + answer prefix + " " + 5 names + "\\n\\n".
+def _vt_example(tokenizer: Any, length_tokens: int, seed: int, flavor: str = "nvidia") -> str:
+    """The VT one-shot example for one target length: input + answer prefix + " " + 5 names + newline(s).
 
-    Sized as lm-eval ``vt_utils.sys_vartrack_w_noise_random(max_seq_length=500, incremental=5)``: grow by 5 noise
-    lines while ``tokens(text + " " + str(names)) + 30 < 500``, step back once, then shrink until
-    ``tokens(text) + 30 <= 500``.
+    lm-eval: sized as ``vt_utils.sys_vartrack_w_noise_random(max_seq_length=500, incremental=5)`` (grow by 5
+    noise lines while ``tokens(text + " " + str(names)) + 30 < 500``, step back once, then shrink until
+    ``tokens(text) + 30 <= 500``), ends ``"\\n\\n"``. nvidia: the largest noise count >= 5 with
+    ``tokens(text) <= 500`` (the original's binary search with nothing reserved for generation), value ``12345``,
+    ends ``"\\n"``.
     """
     example_seed = sample_seed(seed, "ruler_vt/example", length_tokens, 0)
 
     def make(num_noises: int) -> tuple[str, list[str]]:
-        return vt_text(random.Random(example_seed), num_noises, num_hops=4, is_icl=True)
+        return vt_text(random.Random(example_seed), num_noises, num_hops=4, is_icl=True, flavor=flavor)
 
     def count(text: str) -> int:
         return len(tokenizer(text).input_ids)
 
+    if flavor == "nvidia":
+        n = largest_fitting(lambda k: count(make(k)[0]), budget=VT_EXAMPLE_BUDGET_TOKENS, n_min=5,
+                            n_max=VT_EXAMPLE_BUDGET_TOKENS, n_start=20)
+        text, names = make(n)
+        return text + " " + " ".join(names) + "\n"
     num_noises, total = 5, 0
     while total + 30 < VT_EXAMPLE_BUDGET_TOKENS:
         text, names = make(num_noises)
@@ -142,12 +177,16 @@ def _vt_example(tokenizer: Any, length_tokens: int, seed: int) -> str:
     return text + " " + " ".join(names) + "\n\n"
 
 
-def _context(task: RulerTask, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str) -> BuildContext:
+def _context(task: RulerTask, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, flavor: str,
+             qa: QAData | None) -> BuildContext:
     if task.generator == "niah" and task.haystack == "essay":
-        return BuildContext(length_tokens=length_tokens, essay=essay_words(haystack_text))
+        return BuildContext(length_tokens=length_tokens, flavor=flavor, essay=essay_words(haystack_text))
     if task.generator == "vt":
-        return BuildContext(length_tokens=length_tokens, vt_example=_vt_example(tokenizer, length_tokens, seed))
-    return BuildContext(length_tokens=length_tokens)
+        example = _vt_example(tokenizer, length_tokens, seed, flavor)
+        return BuildContext(length_tokens=length_tokens, flavor=flavor, vt_example=example)
+    if task.generator == "qa":
+        return BuildContext(length_tokens=length_tokens, flavor=flavor, qa=qa)
+    return BuildContext(length_tokens=length_tokens, flavor=flavor)
 
 
 def _fit(
@@ -160,21 +199,24 @@ def _fit(
     n_start: int,
     tol_tokens: int,
 ) -> tuple[int, Built, str, int, float]:
-    """Search the haystack size for one rng seed.
+    """Search the haystack size for one rng seed (then, for QA, fill the gap left by whole documents).
 
     Returns:
         (units, built, prompt, prompt_tokens, tokens per unit between ``n_min`` and ``units``).
     """
     memo: dict[int, tuple[Built, str, int]] = {}
 
+    def make(n: int, c: BuildContext) -> tuple[Built, str, int]:
+        built = build(task, random.Random(seed_int), n, c)
+        prompt = render_prompt(task, built.input, built.gen_prefix, tokenizer, chat_template, c.flavor)
+        return built, prompt, len(encode_prompt(tokenizer, prompt, chat_template))
+
     def measure(n: int) -> int:
         if n not in memo:
-            built = build(task, random.Random(seed_int), n, ctx)
-            prompt = render_prompt(task, built.input, built.gen_prefix, tokenizer, chat_template)
-            memo[n] = (built, prompt, len(encode_prompt(tokenizer, prompt, chat_template)))
+            memo[n] = make(n, ctx)
         return memo[n][2]
 
-    n_min, n_max = _size_bounds(task, length_tokens)
+    n_min, n_max = _size_bounds(task, length_tokens, ctx)
     budget = length_tokens - task.max_gen_toks
     try:
         n = largest_fitting(measure, budget=budget, n_min=n_min, n_max=n_max, n_start=n_start, tol_tokens=tol_tokens)
@@ -185,14 +227,42 @@ def _fit(
             f"{memo[n_min][2]} tokens + max_gen_toks={task.max_gen_toks}; use a length >= {need}"
         ) from err
     slope = (memo[n][2] - memo[n_min][2]) / (n - n_min) if n > n_min else 1.0
-    return (n, *memo[n], max(slope, 1e-3))
+    best = memo[n]
+    if task.generator == "qa" and budget - best[2] > tol_tokens:
+        best = _qa_fill(tokenizer, ctx, seed_int, n, budget, best, make)
+    return (n, *best, max(slope, 1e-3))
+
+
+def _qa_fill(tokenizer: Any, ctx: BuildContext, seed_int: int, n: int, budget: int,
+             best: tuple[Built, str, int], make: Callable) -> tuple[Built, str, int]:
+    """Whole documents leave up to one document of slack (~150 tokens for SQuAD, > 2% of 4K). Scan the next
+    :data:`QA_FILL_CANDIDATES` documents of the priority order and add each whose own token count still fits the
+    remaining slack (first fit), then verify on the real prompt, dropping the last addition while over budget."""
+    assert ctx.qa is not None
+    item = ctx.qa.questions[ctx.question_index]
+    cands = fill_candidates(ctx.qa, item, n, random.Random(seed_int), QA_FILL_CANDIDATES)
+    overhead = len(tokenizer("\n\n" + DOCUMENT_TEMPLATE.format(i=100, document=""), add_special_tokens=False).input_ids)
+    left, extra = budget - best[2], []
+    for c in cands:
+        cost = len(tokenizer(ctx.qa.docs[c], add_special_tokens=False).input_ids) + overhead
+        if cost <= left:
+            extra.append(c)
+            left -= cost
+    while extra:
+        got = make(n, dataclasses.replace(ctx, qa_extra=tuple(extra)))
+        if got[2] <= budget:
+            return got if got[2] > best[2] else best
+        extra.pop()
+    return best
 
 
 @functools.lru_cache(maxsize=256)
 def fitted_size(
-    task: str, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, chat_template: bool
+    task: str, tokenizer: Any, length_tokens: int, seed: int, haystack_text: str, chat_template: bool,
+    flavor: str = "nvidia", qa: QAData | None = None,
 ) -> tuple[int, float]:
-    """Haystack size for (task, tokenizer, length): the exact largest fit of a probe sample (cached).
+    """Haystack size for (task, tokenizer, length, flavor): the largest fit of a probe sample, to within 0.1% of the
+    length (cached; QA probes question 0). Warns when even that stays 2% short (a capped haystack).
 
     Returns:
         (units, prompt tokens per unit) of the probe sample.
@@ -201,10 +271,16 @@ def fitted_size(
         PromptTooLongError: the length cannot hold the task's smallest prompt.
     """
     spec = get_task(task)
-    ctx = _context(spec, tokenizer, length_tokens, seed, haystack_text)
+    ctx = _context(spec, tokenizer, length_tokens, seed, haystack_text, flavor, qa)
     probe_seed = sample_seed(seed, f"{task}/probe", length_tokens, 0)
-    n_min, _ = _size_bounds(spec, length_tokens)
-    n, _, _, _, slope = _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, 0)
+    n_min, n_max = _size_bounds(spec, length_tokens, ctx)
+    tol = int(PROBE_TOLERANCE * length_tokens)
+    n, _, _, num_tokens, slope = _fit(spec, tokenizer, length_tokens, probe_seed, ctx, chat_template, n_min + 64, tol)
+    total = num_tokens + spec.max_gen_toks
+    if total < SHORT_WARNING_FRACTION * length_tokens:
+        why = f"its haystack is capped at {n_max} units" if n >= n_max else "the next haystack unit overshoots"
+        logger.warning("RULER %s (%s) at %d tokens: prompts reach only %d tokens (%.1f%%): %s", task, flavor,
+                       length_tokens, total, 100 * total / length_tokens, why)
     return n, slope
 
 
@@ -217,14 +293,18 @@ def generate_sample(
     haystack_text: str | None = None,
     *,
     chat_template: bool = False,
+    flavor: str = "nvidia",
+    qa_path: str | Path | None = None,
 ) -> dict:
     """Generate RULER sample ``index`` of ``task`` sized for ``length_tokens`` with ``tokenizer``.
 
-    Deterministic in (task, tokenizer, length_tokens, index, seed, haystack_text, chat_template): the sample's
+    Deterministic in (task, tokenizer, length_tokens, index, seed, haystack_text, chat_template, flavor, QA data
+    file): the sample's
     ``random.Random`` is seeded by :func:`sample_seed`, and the haystack size comes from a cached probe search
     (:func:`fitted_size`) refined per sample by :func:`largest_fitting`: it starts a quarter percent below the
     probe's fit, shrinks on overshoot and grows while the slack exceeds 0.5% of the length (usually one
-    tokenization per sample).
+    tokenization per sample). QA sample ``index`` asks question ``index`` of the data file (ruler.md section 3.5)
+    and fills the gap left by whole documents with further distractors that fit (:func:`_qa_fill`).
 
     Args:
         task: a name from ``TASKS`` (e.g. ``"niah_single_1"``, ``"ruler_vt"``).
@@ -234,23 +314,35 @@ def generate_sample(
         seed: run seed.
         haystack_text: essay corpus text; ``None`` = the shipped ``devils-dictionary.txt``.
         chat_template: render (and measure) the prompt with the tokenizer's chat template.
+        flavor: ``nvidia`` (NVIDIA/RULER prompts) or ``lm-eval`` (lm-eval 0.4.13's port); docs/ruler.md.
+        qa_path: QA tasks only: the SQuAD / HotpotQA JSON file (default: ``$HYLO_BENCH_SQUAD`` /
+            ``$HYLO_BENCH_HOTPOTQA``, else ``~/.cache/hylo_bench/ruler/<file>``; :func:`qa.locate_qa_file`).
 
     Returns:
         lm-eval fields ``index, input, outputs, length, max_length, gen_prefix`` (``length`` = prompt_tokens +
         max_gen_toks), plus ``prompt`` (text fed to the model), ``prompt_tokens``, ``task``, ``seed``,
-        ``haystack_units``, ``chat_template`` and, for CWE, ``input_example``.
+        ``flavor``, ``haystack_units``, ``chat_template``; CWE adds ``input_example``; QA adds
+        ``question_index``, ``num_docs`` (documents in the prompt) and ``query``.
 
     Raises:
-        ValueError: unknown task, bad length/index, or a length too small for the task.
+        ValueError: unknown task or flavor, bad length/index, a length too small for the task, or a QA index past
+            the file's usable questions. FileNotFoundError: a QA data file is missing.
     """
     spec = get_task(task)
+    check_flavor(flavor)
     if not isinstance(length_tokens, int) or length_tokens < 1:
         raise ValueError(f"length_tokens must be a positive int, got {length_tokens!r}")
     if not isinstance(index, int) or index < 0:
         raise ValueError(f"index must be an int >= 0, got {index!r}")
     text = default_haystack_text() if haystack_text is None else haystack_text
-    n_probe, slope = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template)
-    ctx = _context(spec, tokenizer, length_tokens, seed, text)
+    qa = load_qa(task, qa_path) if spec.generator == "qa" else None
+    if qa is not None and index >= len(qa.questions):
+        raise ValueError(f"{qa.path} holds {len(qa.questions)} usable questions for {task}; sample {index} asks "
+                         f"question {index}: use at most {len(qa.questions)} samples or a larger file")
+    n_probe, slope = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template, flavor, qa)
+    ctx = _context(spec, tokenizer, length_tokens, seed, text, flavor, qa)
+    if qa is not None:
+        ctx = dataclasses.replace(ctx, question_index=index)
     tol = int(SAMPLE_TOLERANCE * length_tokens)
     # Start half a tolerance below the probe's fit: most samples then fit at the first probe and stop there.
     n_start = n_probe - int(0.5 * tol / slope)
@@ -267,6 +359,7 @@ def generate_sample(
         "prompt_tokens": num_tokens,
         "task": task,
         "seed": seed,
+        "flavor": flavor,
         "haystack_units": n,
         "chat_template": chat_template,
         **built.extra,
