@@ -67,7 +67,9 @@ def upcycle(
     base: Optional[str] = typer.Option(None, "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo' "
                                        "(default: the recipe's backbone, else 'demo')."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="Distillation teacher (default: the base)."),
-    layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement), or "
+                                         "auto:7MLA21GDN to keep as MLA the layers whose linear replacement "
+                                         "costs the most KL on --data (OUT/layer_selection.json)."),
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
     data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), or a .txt/.jsonl file or directory."),
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
@@ -87,6 +89,8 @@ def upcycle(
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute each layer."),
     eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
+    select_windows: Optional[int] = typer.Option(None, "--select-windows", help="Calibration windows from --data "
+                                                 "for --layout auto:... (default 8)."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
     from hylo_bench.upcycle.recipes import resolve_upcycle_cli
@@ -98,7 +102,7 @@ def upcycle(
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
-            eval_windows=eval_windows))
+            eval_windows=eval_windows, select_windows=select_windows))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)

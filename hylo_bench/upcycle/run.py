@@ -5,6 +5,7 @@ Output directory layout::
     OUT/manifest.json            run settings, per-stage status, tokens seen, losses, held-out KL
     OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
     OUT/resume.pt                mid-stage state (removed when the stage completes)
+    OUT/layer_selection.json     per-layer scores and chosen MLA layers (``--layout auto:...`` only)
     OUT/config.json, hybrid_config.json, model.safetensors, tokenizer files   the final student
 
 Re-running the same command on an existing OUT resumes: finished stages are skipped (their checkpoint is
@@ -24,6 +25,7 @@ import torch
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_json, git_sha
 from hylo_bench.models.config import default_mla_layers, parse_layout
+from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
 from hylo_bench.upcycle.stages import Stage, parse_stages
 
 logger = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ class UpcycleConfig:
     out: str
     base: str = "demo"
     teacher: str | None = None
-    layout: str | None = None
+    layout: str | None = None  # "7MLA21GDN", or "auto:7MLA21GDN" to place the MLA layers by score (select.py)
     mla_layers: list[int] | None = None
     linear_type: str = "gdn"  # of the layers not in mla_layers (a --layout name carries its own)
     recipe: str | None = None  # the --recipe this config was resolved from (recorded in the manifest)
@@ -57,6 +59,7 @@ class UpcycleConfig:
     temperature: float = 1.0
     kl_chunk_size: int = 2048
     eval_windows: int = 8
+    select_windows: int = 8  # calibration windows for --layout auto:... (from --data)
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -90,6 +93,41 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
     if cfg.layout is not None:
         return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
+
+
+SELECT_SEED_OFFSET = 104_729  # calibration windows: a stream apart from the stage (seed + i) and held-out ones
+
+
+def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path) -> dict:
+    """Layer selection for ``--layout auto:...``: reuse OUT/layer_selection.json when it matches, else score.
+
+    Raises:
+        ValueError: with ``--mla-layers`` also given, or a malformed layout (from ``select.select_layers``).
+    """
+    from rich.console import Console
+
+    from hylo_bench.upcycle.data import build_windows
+    from hylo_bench.upcycle.select import select_layers
+
+    if cfg.mla_layers is not None:
+        raise ValueError(f"--layout {cfg.layout}: chooses the MLA layers itself; drop --mla-layers")
+    if cfg.select_windows < 1:
+        raise ValueError(f"--select-windows {cfg.select_windows}: needs at least 1 calibration window")
+    seed = cfg.seed + SELECT_SEED_OFFSET
+    calib = {"data": cfg.data, "seed": seed, "num_windows": cfg.select_windows, "seq_len_tokens": seq_len}
+    path = out / SELECTION_FILE
+    old = json.loads(path.read_text()) if path.is_file() else None
+    if old and old.get("layout") == cfg.layout.strip() and old.get("calibration") == calib:
+        logger.info("--layout %s: reusing the layer selection in %s: MLA layers %s", cfg.layout, path,
+                    old["mla_layers"])
+        return old
+    windows = build_windows(cfg.data, tokenizer, seq_len, cfg.select_windows, seed=seed)
+    result = select_layers(base, windows, auto_layout(cfg.layout), seed=cfg.seed, mixer_overrides=cfg.mixer_overrides,
+                           calibration={"data": cfg.data, "seed": seed})
+    Console().print(render_selection(result))
+    logger.info("--layout %s: MLA layers %s (scores in nats/token: %s)", cfg.layout, result["mla_layers"],
+                ", ".join(f"{s:.4f}" for s in result["scores"]))
+    return result
 
 
 def mamba2_available() -> bool:
@@ -153,7 +191,13 @@ def run(cfg: UpcycleConfig) -> dict:
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
-    mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
+    held_len = min(stages[0].seq_len_tokens, 1024)
+    if auto_layout(cfg.layout) is not None:
+        selection = _auto_select(cfg, base, tokenizer, held_len, out)
+        mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
+    else:
+        selection = None
+        mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
     hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
     if cfg.data == "demo" and cfg.base != "demo":
         logger.warning("--data demo: distilling on the shipped demo text + retrieval samples; pass --data for a real "
@@ -175,6 +219,8 @@ def run(cfg: UpcycleConfig) -> dict:
         raise ValueError(f"{manifest_path}: {out} holds a run with other settings "
                          f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); use a new --out")
     out.mkdir(parents=True, exist_ok=True)
+    if selection is not None:
+        save_selection(out, selection)
     if manifest is not None:
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
@@ -184,7 +230,8 @@ def run(cfg: UpcycleConfig) -> dict:
                     "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
-    held_len = min(stages[0].seq_len_tokens, 1024)
+    if selection is not None:
+        manifest["layer_selection"] = selection
     held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) \
         if cfg.eval_windows else None
     if "kl_init" not in manifest:
