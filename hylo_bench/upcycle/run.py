@@ -5,6 +5,7 @@ Output directory layout::
     OUT/manifest.json            run settings, per-stage status, tokens seen, losses, held-out KL
     OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
     OUT/resume.pt                mid-stage state (removed when the stage completes)
+    OUT/train_log.jsonl          one JSON line per optimizer step (metrics.TrainLog); OUT/tb/ TensorBoard events
     OUT/layer_selection.json     per-layer scores and chosen MLA layers (``--layout auto:...`` only)
     OUT/config.json, hybrid_config.json, model.safetensors, tokenizer files   the final student
 
@@ -60,6 +61,8 @@ class UpcycleConfig:
     kl_chunk_size: int = 2048
     eval_windows: int = 8
     select_windows: int = 8  # calibration windows for --layout auto:... (from --data)
+    peak_tflops: float | None = None  # device peak for MFU in train_log.jsonl (default: known GPUs' dense bf16 peak)
+    tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -175,11 +178,10 @@ def run(cfg: UpcycleConfig) -> dict:
         ValueError: on bad settings (layout, stages, data) with the offending flag named.
         FileNotFoundError: unresolvable base/teacher/data.
     """
-    from hylo_bench.models.checkpoint import load_hylo
     from hylo_bench.models.loading import default_device
     from hylo_bench.upcycle.data import build_windows
     from hylo_bench.upcycle.losses import eval_kl
-    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+    from hylo_bench.upcycle.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
@@ -240,6 +242,31 @@ def run(cfg: UpcycleConfig) -> dict:
             logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
     atomic_write_json(manifest_path, manifest)
 
+    train_log = TrainLog(out, tensorboard=cfg.tensorboard)
+    peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
+    try:
+        student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device, train_log,
+                              peak_flops)
+    finally:
+        train_log.close()
+    _save_student(student, tokenizer, out)
+    manifest["final_checkpoint"] = str(out)
+    manifest["finished_utc"] = _now()
+    atomic_write_json(manifest_path, manifest)
+    return manifest
+
+
+def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
+                device: str, train_log, peak_flops: float | None):
+    """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
+    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.upcycle.data import build_windows
+    from hylo_bench.upcycle.losses import eval_kl
+    from hylo_bench.upcycle.metrics import train_flops_per_token
+    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+
+    out = Path(cfg.out)
+    manifest_path = out / "manifest.json"
     for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
         stage_dir = out / "stages" / f"{i}-{stage.name}"
         if entry["status"] == "done":
@@ -254,7 +281,9 @@ def run(cfg: UpcycleConfig) -> dict:
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
-                            save_every=cfg.save_every)
+                            save_every=cfg.save_every, stage_index=i, peak_flops=peak_flops,
+                            flops_per_token=train_flops_per_token(student, base if stage.kind == "ild" else teacher,
+                                                                  stage.kind))
         entry["status"] = "running"
 
         def on_log(res, entry=entry):
@@ -263,7 +292,7 @@ def run(cfg: UpcycleConfig) -> dict:
             atomic_write_json(manifest_path, manifest)
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
-                          out / "resume.pt", on_log=on_log)
+                          out / "resume.pt", on_log=on_log, train_log=train_log)
         on_log(res)
         entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if cfg.save_stage_checkpoints:
@@ -273,8 +302,4 @@ def run(cfg: UpcycleConfig) -> dict:
         entry["finished_utc"] = _now()
         atomic_write_json(manifest_path, manifest)
         (out / "resume.pt").unlink(missing_ok=True)
-    _save_student(student, tokenizer, out)
-    manifest["final_checkpoint"] = str(out)
-    manifest["finished_utc"] = _now()
-    atomic_write_json(manifest_path, manifest)
-    return manifest
+    return student

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -114,7 +115,7 @@ def test_spread_constraint_holds_for_random_scores():
         chosen = choose_layers(scores, k)
         assert len(chosen) == k == len(set(chosen))
         gap = min_gap(n, k)
-        assert all(b - a >= gap for a, b in zip(chosen, chosen[1:]))
+        assert all(b - a >= gap for a, b in itertools.pairwise(chosen))
         if k:  # the best layer is always kept
             assert scores.index(max(scores)) in chosen
 
