@@ -6,6 +6,7 @@ Output directory layout::
     OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
     OUT/resume.pt                mid-stage state (removed when the stage completes)
     OUT/train_log.jsonl          one JSON line per optimizer step (metrics.TrainLog); OUT/tb/ TensorBoard events
+    OUT/decontamination.json     training documents dropped for a 13-gram overlap with --decontam eval sets
     OUT/layer_selection.json     per-layer scores and chosen MLA layers (``--layout auto:...`` only)
     OUT/config.json, hybrid_config.json, model.safetensors, tokenizer files   the final student
 
@@ -26,6 +27,7 @@ import torch
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_json, git_sha
 from hylo_bench.models.config import default_mla_layers, parse_layout
+from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
 from hylo_bench.upcycle.stages import Stage, parse_stages
 
@@ -63,6 +65,7 @@ class UpcycleConfig:
     select_windows: int = 8  # calibration windows for --layout auto:... (from --data)
     peak_tflops: float | None = None  # device peak for MFU in train_log.jsonl (default: known GPUs' dense bf16 peak)
     tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
+    decontam: list[str] = field(default_factory=list)  # eval sets to decontaminate against (decontam.py)
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -101,7 +104,7 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
 SELECT_SEED_OFFSET = 104_729  # calibration windows: a stream apart from the stage (seed + i) and held-out ones
 
 
-def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path) -> dict:
+def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, docs: list[str] | None) -> dict:
     """Layer selection for ``--layout auto:...``: reuse OUT/layer_selection.json when it matches, else score.
 
     Raises:
@@ -124,13 +127,28 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path) -
         logger.info("--layout %s: reusing the layer selection in %s: MLA layers %s", cfg.layout, path,
                     old["mla_layers"])
         return old
-    windows = build_windows(cfg.data, tokenizer, seq_len, cfg.select_windows, seed=seed)
+    windows = build_windows(cfg.data, tokenizer, seq_len, cfg.select_windows, seed=seed, docs=docs)
     result = select_layers(base, windows, auto_layout(cfg.layout), seed=cfg.seed, mixer_overrides=cfg.mixer_overrides,
                            calibration={"data": cfg.data, "seed": seed})
     Console().print(render_selection(result))
     logger.info("--layout %s: MLA layers %s (scores in nats/token: %s)", cfg.layout, result["mla_layers"],
                 ", ".join(f"{s:.4f}" for s in result["scores"]))
     return result
+
+
+def _decontaminated_docs(cfg: UpcycleConfig) -> tuple[list[str] | None, dict | None]:
+    """(training documents, report) after ``--decontam``; (None, None) without it (data read as usual).
+
+    Raises:
+        FileNotFoundError / ValueError: unreadable --data or --decontam (decontam.load_eval_texts).
+    """
+    if not cfg.decontam:
+        return None, None
+    from hylo_bench.upcycle.data import load_documents_with_ids
+    from hylo_bench.upcycle.decontam import decontaminate_documents
+
+    kept, report = decontaminate_documents(load_documents_with_ids(cfg.data), cfg.decontam)
+    return [text for _, text in kept], report
 
 
 def mamba2_available() -> bool:
@@ -193,9 +211,10 @@ def run(cfg: UpcycleConfig) -> dict:
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
+    docs, decontam_report = _decontaminated_docs(cfg)
     held_len = min(stages[0].seq_len_tokens, 1024)
     if auto_layout(cfg.layout) is not None:
-        selection = _auto_select(cfg, base, tokenizer, held_len, out)
+        selection = _auto_select(cfg, base, tokenizer, held_len, out, docs)
         mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
     else:
         selection = None
@@ -214,6 +233,8 @@ def run(cfg: UpcycleConfig) -> dict:
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
                 "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
+    if cfg.decontam:
+        settings["decontam"] = list(cfg.decontam)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
     if manifest and manifest.get("settings") != settings:
         old = manifest.get("settings", {})
@@ -223,6 +244,8 @@ def run(cfg: UpcycleConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if selection is not None:
         save_selection(out, selection)
+    if decontam_report is not None:
+        atomic_write_json(out / DECONTAM_FILE, decontam_report)
     if manifest is not None:
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
@@ -234,8 +257,11 @@ def run(cfg: UpcycleConfig) -> dict:
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     if selection is not None:
         manifest["layer_selection"] = selection
-    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) \
-        if cfg.eval_windows else None
+    if decontam_report is not None:
+        manifest["decontamination"] = {k: v for k, v in decontam_report.items() if k != "dropped"} | {
+            "dropped_doc_ids": [d["doc_id"] for d in decontam_report["dropped"]], "report": str(out / DECONTAM_FILE)}
+    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919,
+                             docs=docs) if cfg.eval_windows else None
     if "kl_init" not in manifest:
         manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if held_out is not None:
@@ -246,7 +272,7 @@ def run(cfg: UpcycleConfig) -> dict:
     peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
     try:
         student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device, train_log,
-                              peak_flops)
+                              peak_flops, docs)
     finally:
         train_log.close()
     _save_student(student, tokenizer, out)
@@ -257,7 +283,7 @@ def run(cfg: UpcycleConfig) -> dict:
 
 
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
-                device: str, train_log, peak_flops: float | None):
+                device: str, train_log, peak_flops: float | None, docs: list[str] | None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
     from hylo_bench.models.checkpoint import load_hylo
     from hylo_bench.upcycle.data import build_windows
@@ -277,7 +303,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             continue
         per_step = cfg.batch_size * cfg.grad_accum
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
-        windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
+        windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i, docs=docs)
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,

@@ -70,6 +70,19 @@ def _save_resume(path: Path, student, opt, step: int, result: StageResult) -> No
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: StageResult, *, loss: float, lr: float,
+              grad_norm: float, tokens_per_s: float, step_time_s: float, terms: dict, device: torch.device) -> None:
+    """One ``train_log.jsonl`` record for the step just finished (keys: :func:`train_stage`)."""
+    mem, mem_kind = peak_memory_bytes(device)
+    mfu = tokens_per_s * opts.flops_per_token / opts.peak_flops if opts.flops_per_token and opts.peak_flops else None
+    train_log.log({"stage": stage.name, "stage_index": opts.stage_index, "kind": stage.kind, "step": result.steps,
+                   "tokens_seen": result.tokens_seen, "loss": loss, "kl": loss if stage.kind == "kd" else None,
+                   "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                   "peak_memory_bytes": mem, "memory_kind": mem_kind, "step_time_s": step_time_s,
+                   "wall_time_s": result.seconds, "time_utc": utc_now()}
+                  | {k: v for k, v in terms.items() if k != "kl"})
+
+
 def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
                 on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None) -> StageResult:
     """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
@@ -147,15 +160,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             if device.type == "cuda":
                 result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2 ** 30
             if train_log is not None:
-                mem, mem_kind = peak_memory_bytes(device)
-                mfu = tps * opts.flops_per_token / opts.peak_flops if opts.flops_per_token and opts.peak_flops \
-                    else None
-                train_log.log({"stage": stage.name, "stage_index": opts.stage_index, "kind": stage.kind,
-                               "step": step + 1, "tokens_seen": result.tokens_seen, "loss": loss_sum,
-                               "kl": loss_sum if stage.kind == "kd" else None, "lr": opt.param_groups[0]["lr"], "grad_norm": grad_norm,
-                               "tokens_per_s": tps, "mfu": mfu, "peak_memory_bytes": mem, "memory_kind": mem_kind,
-                               "step_time_s": dt, "wall_time_s": result.seconds, "time_utc": utc_now()}
-                              | {k: v for k, v in logs.items() if k != "kl"})
+                _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
+                          grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device)
             progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
             if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
                 _save_resume(resume_path, student, opt, step + 1, result)

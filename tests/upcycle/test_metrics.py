@@ -111,7 +111,7 @@ def test_missing_tensorboard_is_reported(tmp_path, caplog, monkeypatch):
     real_import = builtins.__import__
 
     def no_tb(name, *a, **k):
-        if name.startswith("torch.utils.tensorboard") or name.startswith("tensorboard"):
+        if name.startswith(("torch.utils.tensorboard", "tensorboard")):
             raise ImportError(name)
         return real_import(name, *a, **k)
 

@@ -139,3 +139,13 @@ def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
     with pytest.raises(ValueError, match="drop --mla-layers"):
         run(UpcycleConfig(out=str(tmp_path / "o2"), base=str(base_dir), layout="auto:1MLA3GDN", mla_layers=[0],
                           device="cpu"))
+
+
+def test_cli_auto_layout_with_bad_counts_names_the_flag(tiny_base_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    res = CliRunner().invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
+                                   "--layout", "auto:3MLA3GDN", "--device", "cpu"])
+    assert res.exit_code == 2 and "--layout '3MLA3GDN' has 3+3=6 layers; the base model has 4" in res.output
