@@ -71,7 +71,8 @@ def upcycle(
                                          "auto:7MLA21GDN to keep as MLA the layers whose linear replacement "
                                          "costs the most KL on --data (OUT/layer_selection.json)."),
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
-    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), or a .txt/.jsonl file or directory."),
+    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), a .txt/.jsonl file or directory, or a "
+                                       "mixture .yaml (weighted sources; see hylo_bench/upcycle/mixture.py)."),
     decontam: Optional[list[str]] = typer.Option(None, "--decontam", help="Drop --data documents sharing a word "
                                                  "13-gram with these eval sets: DIR/<task>/<split>.jsonl (as for "
                                                  "eval --data-dir) and .txt files (repeatable; report in "

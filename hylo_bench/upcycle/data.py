@@ -2,7 +2,8 @@
 
 ``--data`` is ``demo`` (the shipped public-domain text plus RULER-style needle-retrieval rows with several
 answers each, drawn from a random stream disjoint from evaluation), or a path: a ``.txt`` file (documents
-separated by blank lines), a ``.jsonl`` file (``text`` field per line), or a directory of such files.
+separated by blank lines), a ``.jsonl`` file (``text`` field per line), a directory of such files, or a mixture
+``.yaml`` (``hylo_bench.upcycle.mixture``).
 Windows are deterministic given the seed, so a resumed run sees the same batches.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -154,3 +157,50 @@ def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: in
     order = list(range(len(windows)))
     rng.shuffle(order)
     return windows[order]
+
+
+@dataclass
+class Corpus:
+    """A run's ``--data`` once read: plain documents (``docs``, None = read ``data`` lazily as before) or a
+    mixture (``hylo_bench.upcycle.mixture``), after ``--decontam`` when given (``decontam_report``)."""
+
+    data: str
+    docs: list[str] | None = None
+    mixture: Any = None
+    decontam_report: dict | None = None
+
+    def windows(self, tokenizer, seq_len: int, num_windows: int, seed: int) -> torch.Tensor:
+        """[num_windows, seq_len] windows deterministic in ``seed`` (a mixture: a fresh sampler with that seed)."""
+        if self.mixture is not None:
+            from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
+
+            return mixture_windows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows)[0]
+        return build_windows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs)
+
+
+def load_corpus(data: str, decontam: list[str] | None = None) -> Corpus:
+    """Read ``--data`` (a mixture ``.yaml`` is loaded with its documents) and apply ``--decontam``.
+
+    Without ``decontam`` plain data is left to :func:`build_windows` (read per call, as before). With it, the
+    documents (of every mixture source; ids ``<source>/<id>``) are filtered by ``decontam.decontaminate_documents``.
+
+    Raises:
+        FileNotFoundError / ValueError: unreadable data, mixture or eval sets (messages name the flag).
+    """
+    from hylo_bench.upcycle.mixture import is_mixture, load_mixture
+
+    mixture = load_mixture(data) if is_mixture(data) else None
+    if not decontam:
+        return Corpus(data=data, mixture=mixture)
+    from hylo_bench.upcycle.decontam import decontaminate_documents
+
+    if mixture is None:
+        kept, report = decontaminate_documents(load_documents_with_ids(data), list(decontam))
+        return Corpus(data=data, docs=[t for _, t in kept], decontam_report=report)
+    kept, report = decontaminate_documents([d for src in mixture.docs for d in src], list(decontam))
+    keep = {doc_id for doc_id, _ in kept}
+    for k, src in enumerate(mixture.docs):
+        mixture.docs[k] = [d for d in src if d[0] in keep]
+        if not mixture.docs[k]:
+            raise ValueError(f"--decontam: every document of mixture source {mixture.sources[k].name!r} was dropped")
+    return Corpus(data=data, mixture=mixture, decontam_report=report)

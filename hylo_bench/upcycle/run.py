@@ -104,7 +104,7 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
 SELECT_SEED_OFFSET = 104_729  # calibration windows: a stream apart from the stage (seed + i) and held-out ones
 
 
-def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, docs: list[str] | None) -> dict:
+def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, corpus) -> dict:
     """Layer selection for ``--layout auto:...``: reuse OUT/layer_selection.json when it matches, else score.
 
     Raises:
@@ -112,7 +112,6 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, d
     """
     from rich.console import Console
 
-    from hylo_bench.upcycle.data import build_windows
     from hylo_bench.upcycle.select import select_layers
 
     if cfg.mla_layers is not None:
@@ -127,7 +126,7 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, d
         logger.info("--layout %s: reusing the layer selection in %s: MLA layers %s", cfg.layout, path,
                     old["mla_layers"])
         return old
-    windows = build_windows(cfg.data, tokenizer, seq_len, cfg.select_windows, seed=seed, docs=docs)
+    windows = corpus.windows(tokenizer, seq_len, cfg.select_windows, seed=seed)
     result = select_layers(base, windows, auto_layout(cfg.layout), seed=cfg.seed, mixer_overrides=cfg.mixer_overrides,
                            calibration={"data": cfg.data, "seed": seed})
     Console().print(render_selection(result))
@@ -136,19 +135,25 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, d
     return result
 
 
-def _decontaminated_docs(cfg: UpcycleConfig) -> tuple[list[str] | None, dict | None]:
-    """(training documents, report) after ``--decontam``; (None, None) without it (data read as usual).
+def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_len: int, n_windows: int):
+    """Stage ``i``'s windows from the run's mixture stream, continuing where stage ``i - 1`` stopped.
 
-    Raises:
-        FileNotFoundError / ValueError: unreadable --data or --decontam (decontam.load_eval_texts).
+    The sampler state at the stage's start is kept in its manifest entry (``sampler_state``), so a resumed stage
+    redraws the same windows; the state after the draw (``sampler_state_end``) starts the next stage, and
+    ``mixture_draws`` records documents and tokens per source.
     """
-    if not cfg.decontam:
-        return None, None
-    from hylo_bench.upcycle.data import load_documents_with_ids
-    from hylo_bench.upcycle.decontam import decontaminate_documents
+    from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
 
-    kept, report = decontaminate_documents(load_documents_with_ids(cfg.data), cfg.decontam)
-    return [text for _, text in kept], report
+    sampler = MixtureSampler(mixture)
+    start = entries[i].get("sampler_state") or (entries[i - 1].get("sampler_state_end") if i else None)
+    if start is not None:
+        sampler.load_state_dict(start)
+    entries[i]["sampler_state"] = sampler.state_dict()
+    windows, drawn = mixture_windows(sampler, tokenizer, seq_len, n_windows)
+    entries[i]["sampler_state_end"] = sampler.state_dict()
+    entries[i]["mixture_draws"] = {s.name: {"docs": d, "tokens": t}
+                                   for s, d, t in zip(mixture.sources, drawn["docs"], drawn["tokens"])}
+    return windows
 
 
 def mamba2_available() -> bool:
@@ -197,7 +202,7 @@ def run(cfg: UpcycleConfig) -> dict:
         FileNotFoundError: unresolvable base/teacher/data.
     """
     from hylo_bench.models.loading import default_device
-    from hylo_bench.upcycle.data import build_windows
+    from hylo_bench.upcycle.data import load_corpus
     from hylo_bench.upcycle.losses import eval_kl
     from hylo_bench.upcycle.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
@@ -211,10 +216,11 @@ def run(cfg: UpcycleConfig) -> dict:
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
-    docs, decontam_report = _decontaminated_docs(cfg)
+    corpus = load_corpus(cfg.data, cfg.decontam)
+    decontam_report = corpus.decontam_report
     held_len = min(stages[0].seq_len_tokens, 1024)
     if auto_layout(cfg.layout) is not None:
-        selection = _auto_select(cfg, base, tokenizer, held_len, out, docs)
+        selection = _auto_select(cfg, base, tokenizer, held_len, out, corpus)
         mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
     else:
         selection = None
@@ -260,8 +266,10 @@ def run(cfg: UpcycleConfig) -> dict:
     if decontam_report is not None:
         manifest["decontamination"] = {k: v for k, v in decontam_report.items() if k != "dropped"} | {
             "dropped_doc_ids": [d["doc_id"] for d in decontam_report["dropped"]], "report": str(out / DECONTAM_FILE)}
-    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919,
-                             docs=docs) if cfg.eval_windows else None
+    if corpus.mixture is not None:
+        manifest["mixture"] = corpus.mixture.to_dict()
+    held_out = corpus.windows(tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) if cfg.eval_windows \
+        else None
     if "kl_init" not in manifest:
         manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if held_out is not None:
@@ -272,7 +280,7 @@ def run(cfg: UpcycleConfig) -> dict:
     peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
     try:
         student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device, train_log,
-                              peak_flops, docs)
+                              peak_flops, corpus)
     finally:
         train_log.close()
     _save_student(student, tokenizer, out)
@@ -283,10 +291,9 @@ def run(cfg: UpcycleConfig) -> dict:
 
 
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
-                device: str, train_log, peak_flops: float | None, docs: list[str] | None):
+                device: str, train_log, peak_flops: float | None, corpus):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
     from hylo_bench.models.checkpoint import load_hylo
-    from hylo_bench.upcycle.data import build_windows
     from hylo_bench.upcycle.losses import eval_kl
     from hylo_bench.upcycle.metrics import train_flops_per_token
     from hylo_bench.upcycle.trainer import StageOptions, train_stage
@@ -303,7 +310,11 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             continue
         per_step = cfg.batch_size * cfg.grad_accum
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
-        windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i, docs=docs)
+        if corpus.mixture is not None:
+            windows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
+                                             n_windows)
+        else:
+            windows = corpus.windows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
@@ -324,6 +335,8 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         if cfg.save_stage_checkpoints:
             _save_student(student, tokenizer, stage_dir)
             entry["checkpoint"] = str(stage_dir)
+            if "sampler_state_end" in entry:
+                atomic_write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"])
         entry["status"] = "done"
         entry["finished_utc"] = _now()
         atomic_write_json(manifest_path, manifest)

@@ -119,3 +119,19 @@ def test_upcycle_drops_contaminated_documents(tiny_base_dir, tmp_path, eval_dir)
     assert [d["doc_id"] for d in report["dropped"]] == ["train.jsonl:6"] and report["num_docs"] == 40
     assert manifest["decontamination"]["dropped_doc_ids"] == ["train.jsonl:6"]
     assert manifest["settings"]["decontam"] == [str(eval_dir)]
+
+
+def test_mixture_sources_are_decontaminated(tmp_path, eval_dir):
+    import yaml
+
+    from hylo_bench.upcycle.data import load_corpus
+
+    _write_jsonl(tmp_path / "m" / "one.jsonl", [{"text": "clean text number one"},
+                                                {"text": "leak: " + " ".join(EVAL_WORDS[0:13])}])
+    _write_jsonl(tmp_path / "m" / "two.jsonl", [{"text": "clean text number two"}])
+    (tmp_path / "m" / "mix.yaml").write_text(yaml.safe_dump({"sources": [
+        {"name": "one", "path": "one.jsonl", "weight": 1}, {"name": "two", "path": "two.jsonl", "weight": 1}]}))
+    corpus = load_corpus(str(tmp_path / "m" / "mix.yaml"), [str(eval_dir)])
+    assert [[t for _, t in src] for src in corpus.mixture.docs] == [["clean text number one"],
+                                                                   ["clean text number two"]]
+    assert [d["doc_id"] for d in corpus.decontam_report["dropped"]] == ["one/one.jsonl:2"]
