@@ -119,7 +119,8 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, c
     if cfg.select_windows < 1:
         raise ValueError(f"--select-windows {cfg.select_windows}: needs at least 1 calibration window")
     seed = cfg.seed + SELECT_SEED_OFFSET
-    calib = {"data": cfg.data, "seed": seed, "num_windows": cfg.select_windows, "seq_len_tokens": seq_len}
+    source = {"data": cfg.data, "seed": seed} | ({"decontam": list(cfg.decontam)} if cfg.decontam else {})
+    calib = source | {"num_windows": cfg.select_windows, "seq_len_tokens": seq_len}
     path = out / SELECTION_FILE
     old = json.loads(path.read_text()) if path.is_file() else None
     if old and old.get("layout") == cfg.layout.strip() and old.get("calibration") == calib:
@@ -128,7 +129,7 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, c
         return old
     windows = corpus.windows(tokenizer, seq_len, cfg.select_windows, seed=seed)
     result = select_layers(base, windows, auto_layout(cfg.layout), seed=cfg.seed, mixer_overrides=cfg.mixer_overrides,
-                           calibration={"data": cfg.data, "seed": seed})
+                           calibration=source)
     Console().print(render_selection(result))
     logger.info("--layout %s: MLA layers %s (scores in nats/token: %s)", cfg.layout, result["mla_layers"],
                 ", ".join(f"{s:.4f}" for s in result["scores"]))
