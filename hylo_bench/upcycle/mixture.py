@@ -21,17 +21,18 @@ are shuffled with a ``Random`` keyed on the seed and the data (``path`` as writt
 and ``[floor(start N), floor(end N))`` is kept; two sources on the same data with ranges [0, 0.2] and [0.2, 1]
 are therefore disjoint and cover it.
 
-Sampling (:class:`MixtureSampler`): every draw picks a source with probability ``weight / sum(weights)`` from one
-``random.Random(seed)`` stream, then takes that source's next document in a per-epoch permutation
-(``Random(f"{seed}:{i}:{epoch}")``); a source that runs out starts its next epoch. Weights are document shares;
-token shares also depend on document lengths (the run records both). The state (draw count, RNG state, epoch and
-position per source) is a JSON-able dict: ``load_state_dict(state_dict())`` continues the same sequence. All
-documents are held in memory.
+Sampling (:class:`MixtureSampler`): draw t picks a source with probability ``weight / sum(weights)`` using
+``u_t = blake2b-64(f"{seed}:draw:{t}") / 2**64`` (counter-based: a function of the draw index alone), then
+takes that source's next document in a per-epoch permutation (``Random(f"{seed}:{i}:{epoch}")``); a source that runs out
+starts its next epoch. Weights are document shares; token shares also depend on document lengths (the run
+records both). The state is a small JSON-able dict (draw count, epoch and position per source):
+``load_state_dict(state_dict())`` continues the same sequence. All documents are held in memory.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -210,6 +211,11 @@ def load_mixture(path: str | Path) -> Mixture:
     return mix
 
 
+def _unit_hash(key: str) -> float:
+    """A uniform number in [0, 1) from the 64-bit BLAKE2b digest of ``key`` (stable across runs and platforms)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") / 2 ** 64
+
+
 class MixtureSampler:
     """Deterministic weighted document stream over a :class:`Mixture` (algorithm: module docstring).
 
@@ -226,7 +232,6 @@ class MixtureSampler:
             acc += p
             self._cum.append(acc)
         n = len(mixture.sources)
-        self._rng = random.Random(self.seed)
         self.draws = 0
         self.epoch, self.pos, self.counts = [0] * n, [0] * n, [0] * n
         self._perm: dict[int, tuple[int, list[int]]] = {}
@@ -241,7 +246,8 @@ class MixtureSampler:
 
     def next_document(self) -> tuple[int, str, str]:
         """``(source index, doc_id, text)`` of the next draw."""
-        i = min(bisect.bisect_right(self._cum, self._rng.random() * self._cum[-1]), len(self._cum) - 1)
+        u = _unit_hash(f"{self.seed}:draw:{self.draws}")
+        i = min(bisect.bisect_right(self._cum, u * self._cum[-1]), len(self._cum) - 1)
         order = self._order(i)
         j = order[self.pos[i]]
         self.pos[i] += 1
@@ -253,11 +259,9 @@ class MixtureSampler:
         return i, doc_id, text
 
     def state_dict(self) -> dict:
-        """JSON-able state: seed, draws, RNG state, and epoch / position / draw count per source."""
-        version, internal, gauss = self._rng.getstate()
-        return {"seed": self.seed, "draws": self.draws, "rng": [version, list(internal), gauss],
-                "epoch": list(self.epoch), "pos": list(self.pos), "counts": list(self.counts),
-                "sources": [s.name for s in self.mixture.sources]}
+        """JSON-able state: seed, draws, and epoch / position / draw count per source."""
+        return {"seed": self.seed, "draws": self.draws, "epoch": list(self.epoch), "pos": list(self.pos),
+                "counts": list(self.counts), "sources": [s.name for s in self.mixture.sources]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from :meth:`state_dict` of a sampler over the same mixture).
@@ -269,8 +273,6 @@ class MixtureSampler:
         if state.get("sources") != names or state.get("seed") != self.seed:
             raise ValueError(f"sampler state for sources {state.get('sources')} (seed {state.get('seed')}) does not "
                              f"match this mixture ({names}, seed {self.seed}); the mixture file changed")
-        version, internal, gauss = state["rng"]
-        self._rng.setstate((version, tuple(internal), gauss))
         self.draws = state["draws"]
         self.epoch, self.pos, self.counts = list(state["epoch"]), list(state["pos"]), list(state["counts"])
         self._perm.clear()
