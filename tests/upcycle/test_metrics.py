@@ -139,3 +139,11 @@ def test_tensorboard_events_written(tmp_path):
     events = acc.Scalars("train/loss")
     assert [e.step for e in events] == [1, 2, 3]
     assert [e.value for e in events] == pytest.approx([1.0, 0.5, 1 / 3])
+    # resumed after step 1: the reader drops the orphaned steps 2-3 of the first session
+    log.start_stage(0, "kd-8k", 1)
+    for s in (2, 3):
+        log.log({"stage": "kd-8k", "stage_index": 0, "step": s, "loss": 10.0 * s})
+    log.close()
+    acc = EventAccumulator(str(tmp_path / "tb" / "0-kd-8k"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 1.0), (2, 20.0), (3, 30.0)]

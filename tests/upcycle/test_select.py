@@ -90,6 +90,8 @@ def test_auto_selection_picks_the_important_layer():
     assert res["mla_layers"] == [1] and res["rank"][1] == 1
     assert res["scores"][1] > 0.5 and [res["scores"][j] for j in (0, 2, 3)] == [0.0, 0.0, 0.0]
     assert res["linear_type"] == "gdn" and res["n_mla"] == 1 and len(res["scores"]) == 4
+    m2 = select_layers(base, _windows(), "1MLA3M2", seed=0)
+    assert m2["mla_layers"] == [1] and m2["linear_type"] == "mamba" and m2["scores"][1] > 0.5
 
 
 def test_choose_layers_greedy_with_spread():
