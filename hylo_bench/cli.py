@@ -67,9 +67,16 @@ def upcycle(
     base: Optional[str] = typer.Option(None, "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo' "
                                        "(default: the recipe's backbone, else 'demo')."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="Distillation teacher (default: the base)."),
-    layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement), or "
+                                         "auto:7MLA21GDN to keep as MLA the layers whose linear replacement "
+                                         "costs the most KL on --data (OUT/layer_selection.json)."),
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
-    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), or a .txt/.jsonl file or directory."),
+    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), a .txt/.jsonl file or directory, or a "
+                                       "mixture .yaml (weighted sources; see hylo_bench/upcycle/mixture.py)."),
+    decontam: Optional[list[str]] = typer.Option(None, "--decontam", help="Drop --data documents sharing a word "
+                                                 "13-gram with these eval sets: DIR/<task>/<split>.jsonl (as for "
+                                                 "eval --data-dir) and .txt files (repeatable; report in "
+                                                 "OUT/decontamination.json)."),
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
@@ -91,6 +98,13 @@ def upcycle(
                                                "(default hylo-results); the training log is added after every stage."),
     db: Optional[str] = typer.Option(None, "--db", help="Results store path / URL (default: $HYLO_BENCH_DB, else "
                                      "RESULTS_DIR/hylo_bench.sqlite)."),
+    select_windows: Optional[int] = typer.Option(None, "--select-windows", help="Calibration windows from --data "
+                                                 "for --layout auto:... (default 8)."),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Device peak TFLOP/s for the MFU in "
+                                                "OUT/train_log.jsonl (default: dense bf16 peak of H100/H200/A100/"
+                                                "MI300X, none on CPU)."),
+    tensorboard: Optional[bool] = typer.Option(None, "--tensorboard/--no-tensorboard",
+                                               help="TensorBoard events in OUT/tb/ (needs hylo-bench[tensorboard])."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
     from hylo_bench.upcycle.recipes import resolve_upcycle_cli
@@ -102,7 +116,9 @@ def upcycle(
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
-            eval_windows=eval_windows, results_dir=str(results_dir) if results_dir else None, db=db))
+            eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
+            tensorboard=tensorboard, decontam=decontam or None,
+            results_dir=str(results_dir) if results_dir else None, db=db))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)

@@ -2,7 +2,8 @@
 
 ``--data`` is ``demo`` (the shipped public-domain text plus RULER-style needle-retrieval rows with several
 answers each, drawn from a random stream disjoint from evaluation), or a path: a ``.txt`` file (documents
-separated by blank lines), a ``.jsonl`` file (``text`` field per line), or a directory of such files.
+separated by blank lines), a ``.jsonl`` file (``text`` field per line), a directory of such files, or a mixture
+``.yaml`` (``hylo_bench.upcycle.mixture``).
 Windows are deterministic given the seed, so a resumed run sees the same batches.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,26 +33,37 @@ def split_documents(text: str) -> list[str]:
 
 
 def load_documents(path: str | Path) -> list[str]:
-    """Read documents from a .txt / .jsonl file or a directory of them.
+    """Read documents from a .txt / .jsonl file or a directory of them (see :func:`load_documents_with_ids`)."""
+    return [text for _, text in load_documents_with_ids(path)]
+
+
+def load_documents_with_ids(path: str | Path) -> list[tuple[str, str]]:
+    """``(doc_id, text)`` documents of a .txt / .jsonl file or a directory of them, files in sorted order.
+
+    Ids: ``"<file>:<line>"`` for JSONL rows, ``"<file>#<block>"`` for blank-line blocks of text files (1-based;
+    ``<file>`` relative to a directory ``path``, the file name otherwise); ``"demo#<block>"`` for ``demo``.
 
     Raises:
         FileNotFoundError: missing path. ValueError: unsupported suffix, bad JSONL line (file and line named),
         or no text found.
     """
+    if str(path) == "demo":
+        return [(f"demo#{k}", d) for k, d in enumerate(split_documents(shipped_text()), 1)]
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"--data {p}: no such file or directory")
     files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".jsonl")) if p.is_dir() else [p]
-    docs: list[str] = []
+    docs: list[tuple[str, str]] = []
     for f in files:
+        name = str(f.relative_to(p)) if p.is_dir() else f.name
         if f.suffix == ".txt":
-            docs += split_documents(f.read_text(encoding="utf-8"))
+            docs += [(f"{name}#{k}", d) for k, d in enumerate(split_documents(f.read_text(encoding="utf-8")), 1)]
         elif f.suffix == ".jsonl":
             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
-                    docs.append(str(json.loads(line)["text"]))
+                    docs.append((f"{name}:{n}", str(json.loads(line)["text"])))
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
                     raise ValueError(f"{f}:{n}: expected a JSON object with a 'text' field ({e})") from e
         else:
@@ -119,16 +133,17 @@ def text_windows(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int) -> torch.Tensor:
+def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int,
+                  docs: list[str] | None = None) -> torch.Tensor:
     """``num_windows`` training windows [num_windows, seq_len] for one stage, deterministic in ``seed``.
 
     ``demo``: half retrieval examples packed with text filler, half plain text windows. A path: text windows
-    (cycled when the budget asks for more windows than the data holds).
+    (cycled when the budget asks for more windows than the data holds). ``docs``: the text documents to use
+    instead of reading ``data`` (e.g. after decontamination); the demo's retrieval rows are synthetic and stay.
     """
     rng = random.Random(seed)
     if data == "demo":
-        docs = split_documents(shipped_text())
-        text = text_windows(docs, tokenizer, seq_len)
+        text = text_windows(docs if docs is not None else split_documents(shipped_text()), tokenizer, seq_len)
         examples = retrieval_examples(tokenizer, seq_len, num_windows // 2, seed)
         ret = pack_windows(examples, text.flatten().tolist(), seq_len) if examples else \
             torch.empty(0, seq_len, dtype=torch.long)
@@ -136,9 +151,56 @@ def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: in
         idx = [rng.randrange(len(text)) for _ in range(num_windows - n_ret)]
         windows = torch.cat([ret, text[idx]])
     else:
-        text = text_windows(load_documents(data), tokenizer, seq_len)
+        text = text_windows(docs if docs is not None else load_documents(data), tokenizer, seq_len)
         idx = [i % len(text) for i in range(num_windows)]
         windows = text[idx]
     order = list(range(len(windows)))
     rng.shuffle(order)
     return windows[order]
+
+
+@dataclass
+class Corpus:
+    """A run's ``--data`` once read: plain documents (``docs``, None = read ``data`` lazily as before) or a
+    mixture (``hylo_bench.upcycle.mixture``), after ``--decontam`` when given (``decontam_report``)."""
+
+    data: str
+    docs: list[str] | None = None
+    mixture: Any = None
+    decontam_report: dict | None = None
+
+    def windows(self, tokenizer, seq_len: int, num_windows: int, seed: int) -> torch.Tensor:
+        """[num_windows, seq_len] windows deterministic in ``seed`` (a mixture: a fresh sampler with that seed)."""
+        if self.mixture is not None:
+            from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
+
+            return mixture_windows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows)[0]
+        return build_windows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs)
+
+
+def load_corpus(data: str, decontam: list[str] | None = None) -> Corpus:
+    """Read ``--data`` (a mixture ``.yaml`` is loaded with its documents) and apply ``--decontam``.
+
+    Without ``decontam`` plain data is left to :func:`build_windows` (read per call, as before). With it, the
+    documents (of every mixture source; ids ``<source>/<id>``) are filtered by ``decontam.decontaminate_documents``.
+
+    Raises:
+        FileNotFoundError / ValueError: unreadable data, mixture or eval sets (messages name the flag).
+    """
+    from hylo_bench.upcycle.mixture import is_mixture, load_mixture
+
+    mixture = load_mixture(data) if is_mixture(data) else None
+    if not decontam:
+        return Corpus(data=data, mixture=mixture)
+    from hylo_bench.upcycle.decontam import decontaminate_documents
+
+    if mixture is None:
+        kept, report = decontaminate_documents(load_documents_with_ids(data), list(decontam))
+        return Corpus(data=data, docs=[t for _, t in kept], decontam_report=report)
+    kept, report = decontaminate_documents([d for src in mixture.docs for d in src], list(decontam))
+    keep = {doc_id for doc_id, _ in kept}
+    for k, src in enumerate(mixture.docs):
+        mixture.docs[k] = [d for d in src if d[0] in keep]
+        if not mixture.docs[k]:
+            raise ValueError(f"--decontam: every document of mixture source {mixture.sources[k].name!r} was dropped")
+    return Corpus(data=data, mixture=mixture, decontam_report=report)

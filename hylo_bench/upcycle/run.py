@@ -5,6 +5,9 @@ Output directory layout::
     OUT/manifest.json            run settings, per-stage status, tokens seen, losses, held-out KL
     OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
     OUT/resume.pt                mid-stage state (removed when the stage completes)
+    OUT/train_log.jsonl          one JSON line per optimizer step (metrics.TrainLog); OUT/tb/ TensorBoard events
+    OUT/decontamination.json     training documents dropped for a 13-gram overlap with --decontam eval sets
+    OUT/layer_selection.json     per-layer scores and chosen MLA layers (``--layout auto:...`` only)
     OUT/config.json, hybrid_config.json, model.safetensors, tokenizer files   the final student
 
 Re-running the same command on an existing OUT resumes: finished stages are skipped (their checkpoint is
@@ -24,6 +27,8 @@ import torch
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_json, git_sha
 from hylo_bench.models.config import default_mla_layers, parse_layout
+from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
+from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
 from hylo_bench.upcycle.stages import Stage, parse_stages
 
 logger = logging.getLogger(__name__)
@@ -43,7 +48,7 @@ class UpcycleConfig:
     out: str
     base: str = "demo"
     teacher: str | None = None
-    layout: str | None = None
+    layout: str | None = None  # "7MLA21GDN", or "auto:7MLA21GDN" to place the MLA layers by score (select.py)
     mla_layers: list[int] | None = None
     linear_type: str = "gdn"  # of the layers not in mla_layers (a --layout name carries its own)
     recipe: str | None = None  # the --recipe this config was resolved from (recorded in the manifest)
@@ -57,6 +62,10 @@ class UpcycleConfig:
     temperature: float = 1.0
     kl_chunk_size: int = 2048
     eval_windows: int = 8
+    select_windows: int = 8  # calibration windows for --layout auto:... (from --data)
+    peak_tflops: float | None = None  # device peak for MFU in train_log.jsonl (default: known GPUs' dense bf16 peak)
+    tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
+    decontam: list[str] = field(default_factory=list)  # eval sets to decontaminate against (decontam.py)
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -92,6 +101,62 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
     if cfg.layout is not None:
         return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
+
+
+SELECT_SEED_OFFSET = 104_729  # calibration windows: a stream apart from the stage (seed + i) and held-out ones
+
+
+def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, corpus) -> dict:
+    """Layer selection for ``--layout auto:...``: reuse OUT/layer_selection.json when it matches, else score.
+
+    Raises:
+        ValueError: with ``--mla-layers`` also given, or a malformed layout (from ``select.select_layers``).
+    """
+    from rich.console import Console
+
+    from hylo_bench.upcycle.select import select_layers
+
+    if cfg.mla_layers is not None:
+        raise ValueError(f"--layout {cfg.layout}: chooses the MLA layers itself; drop --mla-layers")
+    if cfg.select_windows < 1:
+        raise ValueError(f"--select-windows {cfg.select_windows}: needs at least 1 calibration window")
+    seed = cfg.seed + SELECT_SEED_OFFSET
+    source = {"data": cfg.data, "seed": seed} | ({"decontam": list(cfg.decontam)} if cfg.decontam else {})
+    calib = source | {"num_windows": cfg.select_windows, "seq_len_tokens": seq_len}
+    path = out / SELECTION_FILE
+    old = json.loads(path.read_text()) if path.is_file() else None
+    if old and old.get("layout") == cfg.layout.strip() and old.get("calibration") == calib:
+        logger.info("--layout %s: reusing the layer selection in %s: MLA layers %s", cfg.layout, path,
+                    old["mla_layers"])
+        return old
+    windows = corpus.windows(tokenizer, seq_len, cfg.select_windows, seed=seed)
+    result = select_layers(base, windows, auto_layout(cfg.layout), seed=cfg.seed, mixer_overrides=cfg.mixer_overrides,
+                           calibration=source)
+    Console().print(render_selection(result))
+    logger.info("--layout %s: MLA layers %s (scores in nats/token: %s)", cfg.layout, result["mla_layers"],
+                ", ".join(f"{s:.4f}" for s in result["scores"]))
+    return result
+
+
+def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_len: int, n_windows: int):
+    """Stage ``i``'s windows from the run's mixture stream, continuing where stage ``i - 1`` stopped.
+
+    The sampler state at the stage's start is kept in its manifest entry (``sampler_state``), so a resumed stage
+    redraws the same windows; the state after the draw (``sampler_state_end``) starts the next stage, and
+    ``mixture_draws`` records documents and tokens per source.
+    """
+    from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
+
+    sampler = MixtureSampler(mixture)
+    start = entries[i].get("sampler_state") or (entries[i - 1].get("sampler_state_end") if i else None)
+    if start is not None:
+        sampler.load_state_dict(start)
+    entries[i]["sampler_state"] = sampler.state_dict()
+    windows, drawn = mixture_windows(sampler, tokenizer, seq_len, n_windows)
+    entries[i]["sampler_state_end"] = sampler.state_dict()
+    entries[i]["mixture_draws"] = {s.name: {"docs": d, "tokens": t}
+                                   for s, d, t in zip(mixture.sources, drawn["docs"], drawn["tokens"])}
+    return windows
 
 
 def mamba2_available() -> bool:
@@ -139,11 +204,10 @@ def run(cfg: UpcycleConfig) -> dict:
         ValueError: on bad settings (layout, stages, data) with the offending flag named.
         FileNotFoundError: unresolvable base/teacher/data.
     """
-    from hylo_bench.models.checkpoint import load_hylo
     from hylo_bench.models.loading import default_device
-    from hylo_bench.upcycle.data import build_windows
+    from hylo_bench.upcycle.data import load_corpus
     from hylo_bench.upcycle.losses import eval_kl
-    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+    from hylo_bench.upcycle.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
@@ -155,7 +219,15 @@ def run(cfg: UpcycleConfig) -> dict:
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
-    mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
+    corpus = load_corpus(cfg.data, cfg.decontam)
+    decontam_report = corpus.decontam_report
+    held_len = min(stages[0].seq_len_tokens, 1024)
+    if auto_layout(cfg.layout) is not None:
+        selection = _auto_select(cfg, base, tokenizer, held_len, out, corpus)
+        mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
+    else:
+        selection = None
+        mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
     hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
     if cfg.data == "demo" and cfg.base != "demo":
         logger.warning("--data demo: distilling on the shipped demo text + retrieval samples; pass --data for a real "
@@ -170,6 +242,8 @@ def run(cfg: UpcycleConfig) -> dict:
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
                 "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
+    if cfg.decontam:
+        settings["decontam"] = list(cfg.decontam)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
     if manifest and manifest.get("settings") != settings:
         old = manifest.get("settings", {})
@@ -177,6 +251,10 @@ def run(cfg: UpcycleConfig) -> dict:
         raise ValueError(f"{manifest_path}: {out} holds a run with other settings "
                          f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); use a new --out")
     out.mkdir(parents=True, exist_ok=True)
+    if selection is not None:
+        save_selection(out, selection)
+    if decontam_report is not None:
+        atomic_write_json(out / DECONTAM_FILE, decontam_report)
     if manifest is not None:
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
@@ -186,49 +264,28 @@ def run(cfg: UpcycleConfig) -> dict:
                     "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
-    held_len = min(stages[0].seq_len_tokens, 1024)
-    held_out = build_windows(cfg.data, tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) \
-        if cfg.eval_windows else None
+    if selection is not None:
+        manifest["layer_selection"] = selection
+    if decontam_report is not None:
+        manifest["decontamination"] = {k: v for k, v in decontam_report.items() if k != "dropped"} | {
+            "dropped_doc_ids": [d["doc_id"] for d in decontam_report["dropped"]], "report": str(out / DECONTAM_FILE)}
+    if corpus.mixture is not None:
+        manifest["mixture"] = corpus.mixture.to_dict()
+    held_out = corpus.windows(tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) if cfg.eval_windows \
+        else None
     if "kl_init" not in manifest:
         manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if held_out is not None:
             logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
     atomic_write_json(manifest_path, manifest)
 
-    for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
-        stage_dir = out / "stages" / f"{i}-{stage.name}"
-        if entry["status"] == "done":
-            if not (stage_dir / "model.safetensors").is_file():
-                raise ValueError(f"{stage_dir}: stage {stage.name} finished but its checkpoint is missing (the run "
-                                 f"used --no-stage-checkpoints), so it cannot resume; use a new --out")
-            student = load_hylo(stage_dir, dtype=torch.float32, device=device)
-            continue
-        per_step = cfg.batch_size * cfg.grad_accum
-        n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
-        windows = build_windows(cfg.data, tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
-        opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
-                            grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
-                            autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
-                            save_every=cfg.save_every)
-        entry["status"] = "running"
-
-        def on_log(res, entry=entry):
-            entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds,
-                         peak_memory_gib=res.peak_memory_gib)
-            atomic_write_json(manifest_path, manifest)
-
-        res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
-                          out / "resume.pt", on_log=on_log)
-        on_log(res)
-        entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
-        if cfg.save_stage_checkpoints:
-            _save_student(student, tokenizer, stage_dir)
-            entry["checkpoint"] = str(stage_dir)
-        entry["status"] = "done"
-        entry["finished_utc"] = _now()
-        atomic_write_json(manifest_path, manifest)
-        _record_in_store(manifest, manifest_path, cfg)
-        (out / "resume.pt").unlink(missing_ok=True)
+    train_log = TrainLog(out, tensorboard=cfg.tensorboard)
+    peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
+    try:
+        student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device, train_log,
+                              peak_flops, corpus)
+    finally:
+        train_log.close()
     _save_student(student, tokenizer, out)
     manifest["final_checkpoint"] = str(out)
     manifest["finished_utc"] = _now()
@@ -242,3 +299,58 @@ def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) ->
     from hylo_bench.reports import store
 
     store.record(manifest, manifest_path, db=cfg.db, results_dir=cfg.results_dir)
+
+
+def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
+                device: str, train_log, peak_flops: float | None, corpus):
+    """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
+    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.upcycle.losses import eval_kl
+    from hylo_bench.upcycle.metrics import train_flops_per_token
+    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+
+    out = Path(cfg.out)
+    manifest_path = out / "manifest.json"
+    for i, (stage, entry) in enumerate(zip(stages, manifest["stages"])):
+        stage_dir = out / "stages" / f"{i}-{stage.name}"
+        if entry["status"] == "done":
+            if not (stage_dir / "model.safetensors").is_file():
+                raise ValueError(f"{stage_dir}: stage {stage.name} finished but its checkpoint is missing (the run "
+                                 f"used --no-stage-checkpoints), so it cannot resume; use a new --out")
+            student = load_hylo(stage_dir, dtype=torch.float32, device=device)
+            continue
+        per_step = cfg.batch_size * cfg.grad_accum
+        n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
+        if corpus.mixture is not None:
+            windows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
+                                             n_windows)
+        else:
+            windows = corpus.windows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
+        opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
+                            grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
+                            autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
+                            save_every=cfg.save_every, stage_index=i, peak_flops=peak_flops,
+                            flops_per_token=train_flops_per_token(student, base if stage.kind == "ild" else teacher,
+                                                                  stage.kind))
+        entry["status"] = "running"
+
+        def on_log(res, entry=entry):
+            entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds,
+                         peak_memory_gib=res.peak_memory_gib)
+            atomic_write_json(manifest_path, manifest)
+
+        res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
+                          out / "resume.pt", on_log=on_log, train_log=train_log)
+        on_log(res)
+        entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
+        if cfg.save_stage_checkpoints:
+            _save_student(student, tokenizer, stage_dir)
+            entry["checkpoint"] = str(stage_dir)
+            if "sampler_state_end" in entry:
+                atomic_write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"])
+        entry["status"] = "done"
+        entry["finished_utc"] = _now()
+        atomic_write_json(manifest_path, manifest)
+        _record_in_store(manifest, manifest_path, cfg)
+        (out / "resume.pt").unlink(missing_ok=True)
+    return student

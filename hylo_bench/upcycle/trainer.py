@@ -1,8 +1,9 @@
 """The stage loop: AdamW + cosine schedule, grad accumulation, clipping, progress, manifest and resume.
 
 One function, :func:`train_stage`, runs an ILD or KD stage on a fixed tensor of windows. Every
-``save_every`` optimizer steps (and at the end) it writes ``resume.pt`` atomically: student weights,
-optimizer, step and losses, so an interrupted stage restarts from the last save with the same next batches.
+``save_every`` optimizer steps it writes ``resume.pt`` atomically: student weights, optimizer, step and
+losses, so an interrupted stage restarts from the last save with the same next batches. Every step also goes
+to ``OUT/train_log.jsonl`` (and TensorBoard) through :class:`hylo_bench.upcycle.metrics.TrainLog`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from hylo_bench.io_utils import atomic_write_bytes
 from hylo_bench.upcycle.losses import ild_loss, kd_loss
+from hylo_bench.upcycle.metrics import TrainLog, peak_memory_bytes, utc_now
 from hylo_bench.upcycle.stages import Stage
 
 
@@ -37,6 +39,9 @@ class StageOptions:
     log_every: int = 1
     autocast_dtype: torch.dtype | None = None
     seed: int = 42
+    stage_index: int = 0  # position of the stage in the run (train_log.jsonl, TensorBoard run name)
+    flops_per_token: float | None = None  # training FLOPs per token (metrics.train_flops_per_token); None: no MFU
+    peak_flops: float | None = None  # device peak FLOP/s for MFU; None: no MFU
 
 
 @dataclass
@@ -65,8 +70,21 @@ def _save_resume(path: Path, student, opt, step: int, result: StageResult) -> No
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: StageResult, *, loss: float, lr: float,
+              grad_norm: float, tokens_per_s: float, step_time_s: float, terms: dict, device: torch.device) -> None:
+    """One ``train_log.jsonl`` record for the step just finished (keys: :func:`train_stage`)."""
+    mem, mem_kind = peak_memory_bytes(device)
+    mfu = tokens_per_s * opts.flops_per_token / opts.peak_flops if opts.flops_per_token and opts.peak_flops else None
+    train_log.log({"stage": stage.name, "stage_index": opts.stage_index, "kind": stage.kind, "step": result.steps,
+                   "tokens_seen": result.tokens_seen, "loss": loss, "kl": loss if stage.kind == "kd" else None,
+                   "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                   "peak_memory_bytes": mem, "memory_kind": mem_kind, "step_time_s": step_time_s,
+                   "wall_time_s": result.seconds, "time_utc": utc_now()}
+                  | {k: v for k, v in terms.items() if k != "kl"})
+
+
 def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
-                on_log: Callable[[StageResult], None] | None = None) -> StageResult:
+                on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None) -> StageResult:
     """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
 
     Args:
@@ -74,6 +92,11 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
         stage: kind and length. windows: the stage's token windows, consumed in order.
         opts: optimiser settings. resume_path: where the mid-stage state lives (loaded if present).
         on_log: called after each logged step (the caller updates the manifest).
+        train_log: receives one record per optimizer step: ``stage``, ``stage_index``, ``kind``, ``step``,
+            ``tokens_seen`` (this stage), ``loss``, ``kl`` (KD; None for ILD), ``lr``, ``grad_norm``,
+            ``tokens_per_s``, ``mfu`` (fraction of ``opts.peak_flops``; None when FLOPs or peak are unknown),
+            ``peak_memory_bytes`` + ``memory_kind``, ``step_time_s``, ``wall_time_s`` (stage training seconds,
+            kept across resumes), ``time_utc``, and the loss terms (``ild_hidden``, ``ild_mixer``).
     """
     per_step = opts.batch_size * opts.grad_accum
     total_steps = len(windows) // per_step
@@ -95,6 +118,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             st["seconds"]
     student.train()
     torch.manual_seed(opts.seed + start)
+    if train_log is not None:
+        train_log.start_stage(opts.stage_index, stage.name, start)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
@@ -134,6 +159,9 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                     on_log(result)
             if device.type == "cuda":
                 result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2 ** 30
+            if train_log is not None:
+                _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
+                          grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device)
             progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
             if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
                 _save_resume(resume_path, student, opt, step + 1, result)

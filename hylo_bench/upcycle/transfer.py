@@ -54,30 +54,47 @@ def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
         _copy(sl.input_layernorm.weight, bl.input_layernorm.weight)
         _copy(sl.post_attention_layernorm.weight, bl.post_attention_layernorm.weight)
         sl.mlp.load_state_dict({k: v.float() for k, v in bl.mlp.state_dict().items()})
-        att = bl.self_attn
-        q_w, k_w, v_w, o_w = (getattr(att, n).weight.float() for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        if sl.mixer_type == "mla":
-            new = svd_init_mla(
-                q_w, k_w, v_w, o_w, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"],
-                head_dim=d["head_dim"], q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
-                qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
-                v_head_dim=config.v_head_dim, num_mla_kv_heads=config.num_key_value_heads,
-                q_norm_w=getattr(getattr(att, "q_norm", None), "weight", None),
-                k_norm_w=getattr(getattr(att, "k_norm", None), "weight", None))
-            if config.use_qk_norm and "q_norm.weight" in new:
-                new["q_norm.weight"] = _check_norm_width(new["q_norm.weight"], config.qk_head_dim)
-                new["k_norm.weight"] = _check_norm_width(new["k_norm.weight"], config.qk_head_dim)
-        elif sl.mixer_type == "mamba":
-            dims = config.mamba_dims()
-            new = mamba2_init_from_attention(q_w, k_w, v_w, o_w, sl.mixer.state_dict(), d_inner=dims["d_inner"],
-                                             d_xb=dims["d_xb"])
-        else:
-            new = gdn_init_from_attention(q_w, k_w, v_w, o_w, sl.mixer.state_dict(), num_heads=d["num_heads"],
-                                          num_kv_heads=d["num_kv_heads"], head_dim=d["head_dim"])
-        missing, unexpected = sl.mixer.load_state_dict({k: v.float() for k, v in new.items()}, strict=False)
-        assert not unexpected, f"layer {i}: init produced unknown keys {unexpected}"
-        assert all(k.endswith(("q_norm.weight", "k_norm.weight")) for k in missing), missing
+        init_mixer_from_attention(sl, bl.self_attn, config, d, layer_idx=i)
     return student
+
+
+@torch.no_grad()
+def init_mixer_from_attention(layer: nn.Module, att: nn.Module, config: HyLoConfig, dims: dict, *,
+                              layer_idx: int) -> None:
+    """Load ``layer.mixer`` (MLA, GDN or Mamba-2, by ``layer.mixer_type``) in place from a base attention module.
+
+    Args:
+        layer: a ``HyLoDecoderLayer`` whose mixer holds its fresh default init (the random parts are kept).
+        att: the base layer's ``self_attn`` (``q_proj``/``k_proj``/``v_proj``/``o_proj``; Qwen3 ``q_norm``/``k_norm``).
+        config: the hybrid config the layer was built from. dims: :func:`base_dims` of the base config.
+        layer_idx: for error messages.
+
+    Raises:
+        ValueError: shapes that do not match the head settings (from the init functions).
+    """
+    d = dims
+    q_w, k_w, v_w, o_w = (getattr(att, n).weight.float() for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    if layer.mixer_type == "mla":
+        new = svd_init_mla(
+            q_w, k_w, v_w, o_w, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"],
+            head_dim=d["head_dim"], q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
+            qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
+            v_head_dim=config.v_head_dim, num_mla_kv_heads=config.num_key_value_heads,
+            q_norm_w=getattr(getattr(att, "q_norm", None), "weight", None),
+            k_norm_w=getattr(getattr(att, "k_norm", None), "weight", None))
+        if config.use_qk_norm and "q_norm.weight" in new:
+            new["q_norm.weight"] = _check_norm_width(new["q_norm.weight"], config.qk_head_dim)
+            new["k_norm.weight"] = _check_norm_width(new["k_norm.weight"], config.qk_head_dim)
+    elif layer.mixer_type == "mamba":
+        dims_m = config.mamba_dims()
+        new = mamba2_init_from_attention(q_w, k_w, v_w, o_w, layer.mixer.state_dict(), d_inner=dims_m["d_inner"],
+                                         d_xb=dims_m["d_xb"])
+    else:
+        new = gdn_init_from_attention(q_w, k_w, v_w, o_w, layer.mixer.state_dict(), num_heads=d["num_heads"],
+                                      num_kv_heads=d["num_kv_heads"], head_dim=d["head_dim"])
+    missing, unexpected = layer.mixer.load_state_dict({k: v.float() for k, v in new.items()}, strict=False)
+    assert not unexpected, f"layer {layer_idx}: init produced unknown keys {unexpected}"
+    assert all(k.endswith(("q_norm.weight", "k_norm.weight")) for k in missing), missing
 
 
 def _check_norm_width(w: torch.Tensor, width: int) -> torch.Tensor:

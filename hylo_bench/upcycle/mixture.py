@@ -1,0 +1,301 @@
+"""Data mixtures (``upcycle --data mixture.yaml``): weighted sources and a deterministic, resumable sampler.
+
+File format (YAML)::
+
+    seed: 42                      # optional; document order and source draws (default 42)
+    sources:
+      - name: general             # unique; prefixes document ids ("general/<id>")
+        path: data/general.jsonl  # local .jsonl ("text" field) / .parquet / .txt file, or a directory of them
+        weight: 0.7               # relative share of documents drawn (normalised over sources)
+        range: [0.0, 0.2]         # optional fraction [start, end) of the source's shuffled documents
+      - name: math
+        hub: nvidia/OpenMathInstruct-2   # Hub dataset id, read with `datasets` (only when installed)
+        hub_config: null          # optional dataset config name
+        split: train              # Hub split (default train)
+        text_field: text          # column holding the text (default "text"; also for .jsonl/.parquet)
+        weight: 0.3
+
+Relative paths are resolved against the YAML file's folder. ``range`` follows Zebra-Llama's split
+(training-recipe.md §6.2: shuffle with a seed, ILD on the first 20 %, E2E on the rest): each source's N documents
+are shuffled with a ``Random`` keyed on the seed and the data (``path`` as written, or hub id / config / split),
+and ``[floor(start N), floor(end N))`` is kept; two sources on the same data with ranges [0, 0.2] and [0.2, 1]
+are therefore disjoint and cover it.
+
+Sampling (:class:`MixtureSampler`): draw t picks a source with probability ``weight / sum(weights)`` using
+``u_t = blake2b-64(f"{seed}:draw:{t}") / 2**64`` (counter-based: a function of the draw index alone), then
+takes that source's next document in a per-epoch permutation (``Random(f"{seed}:{i}:{epoch}")``); a source that runs out
+starts its next epoch. Weights are document shares; token shares also depend on document lengths (the run
+records both). The state is a small JSON-able dict (draw count, epoch and position per source):
+``load_state_dict(state_dict())`` continues the same sequence. All documents are held in memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+_SOURCE_KEYS = {"name", "path", "hub", "hub_config", "split", "text_field", "weight", "range"}
+
+
+@dataclass(kw_only=True, slots=True)
+class MixtureSource:
+    """One source of a mixture (field meanings: module docstring)."""
+
+    name: str
+    weight: float
+    path: str | None = None
+    hub: str | None = None
+    hub_config: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    range: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self):
+        where = f"mixture source {self.name!r}"
+        if (self.path is None) == (self.hub is None):
+            raise ValueError(f"{where}: give exactly one of 'path' (local file or folder) or 'hub' (dataset id)")
+        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
+            raise ValueError(f"{where}: weight must be a positive number, got {self.weight!r}")
+        lo, hi = self.range
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"{where}: range must be [start, end) with 0 <= start < end <= 1, got {list(self.range)}")
+
+
+@dataclass
+class Mixture:
+    """A parsed mixture with its documents loaded: ``docs[i]`` = ``(doc_id, text)`` of source i, in order."""
+
+    sources: list[MixtureSource]
+    seed: int = 42
+    path: str = ""
+    docs: list[list[tuple[str, str]]] = field(default_factory=list)
+
+    @property
+    def probabilities(self) -> list[float]:
+        total = sum(s.weight for s in self.sources)
+        return [s.weight / total for s in self.sources]
+
+    def to_dict(self) -> dict:
+        """Settings and per-source document counts (for the manifest)."""
+        return {"path": self.path, "seed": self.seed,
+                "sources": [asdict(s) | {"range": list(s.range), "probability": p, "num_docs": len(d)}
+                            for s, p, d in zip(self.sources, self.probabilities, self.docs)]}
+
+
+def is_mixture(data: str) -> bool:
+    """Whether ``--data`` names a mixture file (``.yaml`` / ``.yml``)."""
+    return str(data).lower().endswith((".yaml", ".yml"))
+
+
+def parse_mixture(raw: dict, source: str = "<memory>") -> Mixture:
+    """Validate a mixture dict (the YAML's content); documents are not loaded.
+
+    Raises:
+        ValueError: unknown keys, no sources, duplicate names, or a bad field (source and field named).
+    """
+    if not isinstance(raw, dict) or not isinstance(raw.get("sources"), list) or not raw["sources"]:
+        raise ValueError(f"{source}: expected a mapping with a non-empty 'sources' list (see "
+                         f"hylo_bench/upcycle/mixture.py for the format)")
+    unknown = set(raw) - {"seed", "sources"}
+    if unknown:
+        raise ValueError(f"{source}: unknown top-level keys {sorted(unknown)}; expected 'seed' and 'sources'")
+    sources = []
+    for k, item in enumerate(raw["sources"]):
+        if not isinstance(item, dict) or "name" not in item or "weight" not in item:
+            raise ValueError(f"{source}: sources[{k}] needs at least 'name', 'weight' and 'path' or 'hub'")
+        bad = set(item) - _SOURCE_KEYS
+        if bad:
+            raise ValueError(f"{source}: sources[{k}] ({item['name']!r}) has unknown keys {sorted(bad)}; "
+                             f"allowed: {sorted(_SOURCE_KEYS)}")
+        kw = dict(item)
+        if "range" in kw:
+            r = kw["range"]
+            if not (isinstance(r, (list, tuple)) and len(r) == 2):
+                raise ValueError(f"{source}: sources[{k}] range must be [start, end], got {r!r}")
+            kw["range"] = (float(r[0]), float(r[1]))
+        sources.append(MixtureSource(**kw))
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{source}: source names must be unique, got {names}")
+    seed = raw.get("seed", 42)
+    if not isinstance(seed, int):
+        raise ValueError(f"{source}: seed must be an integer, got {seed!r}")
+    return Mixture(sources=sources, seed=seed, path=source)
+
+
+def _read_parquet(path: Path, text_field: str) -> list[tuple[str, str]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ValueError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow)") from e
+    table = pq.read_table(path)
+    if text_field not in table.column_names:
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {table.column_names}); set text_field")
+    return [(f"{path.name}:{n}", str(t)) for n, t in enumerate(table.column(text_field).to_pylist(), 1)
+            if t is not None]
+
+
+def _read_local(src: MixtureSource, root: Path) -> list[tuple[str, str]]:
+    from hylo_bench.upcycle.data import split_documents
+
+    p = Path(src.path).expanduser()
+    p = p if p.is_absolute() else root / p
+    if not p.exists():
+        raise FileNotFoundError(f"mixture source {src.name!r}: {p} does not exist")
+    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".jsonl", ".parquet")) if p.is_dir() else [p]
+    docs: list[tuple[str, str]] = []
+    for f in files:
+        if f.suffix == ".txt":
+            docs += [(f"{f.name}#{k}", d) for k, d in enumerate(split_documents(f.read_text(encoding="utf-8")), 1)]
+        elif f.suffix == ".jsonl":
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        docs.append((f"{f.name}:{n}", str(json.loads(line)[src.text_field])))
+                    except (json.JSONDecodeError, KeyError, TypeError) as e:
+                        raise ValueError(f"{f}:{n}: expected a JSON object with a {src.text_field!r} field "
+                                         f"({e})") from e
+        elif f.suffix == ".parquet":
+            docs += _read_parquet(f, src.text_field)
+        else:
+            raise ValueError(f"mixture source {src.name!r}: {f}: unsupported file type {f.suffix!r}; use .jsonl, "
+                             f".parquet or .txt")
+    return docs
+
+
+def _read_hub(src: MixtureSource) -> list[tuple[str, str]]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise ValueError(f"mixture source {src.name!r}: hub dataset {src.hub!r} needs the `datasets` package "
+                         f"(pip install datasets), or download it and give a local 'path'") from e
+    ds = datasets.load_dataset(src.hub, src.hub_config, split=src.split)
+    return [(f"{src.split}:{n}", str(row[src.text_field])) for n, row in enumerate(ds)]
+
+
+def _data_key(src: MixtureSource) -> str:
+    """What the split shuffle is keyed on: the data, not the source name, so that sources reading the same data
+    with complementary ranges are disjoint."""
+    return f"path={src.path}" if src.path is not None else f"hub={src.hub}/{src.hub_config}/{src.split}"
+
+
+def load_mixture(path: str | Path) -> Mixture:
+    """Parse ``path`` (YAML) and load every source's documents (after its ``range``).
+
+    Raises:
+        FileNotFoundError: missing YAML or local source. ValueError: bad format, missing ``datasets`` for a
+        ``hub`` source, or a source with no documents (in its range).
+    """
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"--data {p}: no such mixture file")
+    mix = parse_mixture(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+    for src in mix.sources:
+        docs = _read_hub(src) if src.hub is not None else _read_local(src, p.parent)
+        order = list(range(len(docs)))
+        random.Random(f"{mix.seed}:{_data_key(src)}:split").shuffle(order)
+        lo, hi = int(src.range[0] * len(docs)), int(src.range[1] * len(docs))
+        kept = [(f"{src.name}/{docs[j][0]}", docs[j][1]) for j in order[lo:hi]]
+        if not kept:
+            raise ValueError(f"mixture source {src.name!r}: no documents (read {len(docs)}, range "
+                             f"{list(src.range)})")
+        mix.docs.append(kept)
+    return mix
+
+
+def _unit_hash(key: str) -> float:
+    """A uniform number in [0, 1) from the 64-bit BLAKE2b digest of ``key`` (stable across runs and platforms)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") / 2 ** 64
+
+
+class MixtureSampler:
+    """Deterministic weighted document stream over a :class:`Mixture` (algorithm: module docstring).
+
+    Args:
+        mixture: with documents loaded. seed: the stream's seed (default: the mixture's).
+    """
+
+    def __init__(self, mixture: Mixture, seed: int | None = None):
+        self.mixture = mixture
+        self.seed = mixture.seed if seed is None else seed
+        self._cum = []
+        acc = 0.0
+        for p in mixture.probabilities:
+            acc += p
+            self._cum.append(acc)
+        n = len(mixture.sources)
+        self.draws = 0
+        self.epoch, self.pos, self.counts = [0] * n, [0] * n, [0] * n
+        self._perm: dict[int, tuple[int, list[int]]] = {}
+
+    def _order(self, i: int) -> list[int]:
+        cached = self._perm.get(i)
+        if cached is None or cached[0] != self.epoch[i]:
+            order = list(range(len(self.mixture.docs[i])))
+            random.Random(f"{self.seed}:{i}:{self.epoch[i]}").shuffle(order)
+            self._perm[i] = (self.epoch[i], order)
+        return self._perm[i][1]
+
+    def next_document(self) -> tuple[int, str, str]:
+        """``(source index, doc_id, text)`` of the next draw."""
+        u = _unit_hash(f"{self.seed}:draw:{self.draws}")
+        i = min(bisect.bisect_right(self._cum, u * self._cum[-1]), len(self._cum) - 1)
+        order = self._order(i)
+        j = order[self.pos[i]]
+        self.pos[i] += 1
+        if self.pos[i] == len(order):
+            self.epoch[i], self.pos[i] = self.epoch[i] + 1, 0
+        self.draws += 1
+        self.counts[i] += 1
+        doc_id, text = self.mixture.docs[i][j]
+        return i, doc_id, text
+
+    def state_dict(self) -> dict:
+        """JSON-able state: seed, draws, and epoch / position / draw count per source."""
+        return {"seed": self.seed, "draws": self.draws, "epoch": list(self.epoch), "pos": list(self.pos),
+                "counts": list(self.counts), "sources": [s.name for s in self.mixture.sources]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of a sampler over the same mixture).
+
+        Raises:
+            ValueError: when the state belongs to another mixture (source names) or seed.
+        """
+        names = [s.name for s in self.mixture.sources]
+        if state.get("sources") != names or state.get("seed") != self.seed:
+            raise ValueError(f"sampler state for sources {state.get('sources')} (seed {state.get('seed')}) does not "
+                             f"match this mixture ({names}, seed {self.seed}); the mixture file changed")
+        self.draws = state["draws"]
+        self.epoch, self.pos, self.counts = list(state["epoch"]), list(state["pos"]), list(state["counts"])
+        self._perm.clear()
+
+
+def mixture_windows(sampler: MixtureSampler, tokenizer, seq_len: int, num_windows: int) -> tuple[torch.Tensor, dict]:
+    """Draw documents until ``num_windows`` windows of ``seq_len`` tokens are full (EOS after each document).
+
+    The tail of the last document drawn is dropped (the next call starts with a new document).
+
+    Returns:
+        ([num_windows, seq_len] int64 windows, ``{"docs": [...], "tokens": [...]}`` per source: documents drawn
+        and tokens placed in the windows).
+    """
+    need = num_windows * seq_len
+    ids: list[int] = []
+    n = len(sampler.mixture.sources)
+    docs, tokens = [0] * n, [0] * n
+    while len(ids) < need:
+        i, _, text = sampler.next_document()
+        toks = tokenizer(text, add_special_tokens=False, verbose=False).input_ids + [tokenizer.eos_token_id]
+        take = toks[: need - len(ids)]
+        ids += take
+        docs[i] += 1
+        tokens[i] += len(take)
+    return torch.tensor(ids, dtype=torch.long).view(num_windows, seq_len), {"docs": docs, "tokens": tokens}
