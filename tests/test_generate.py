@@ -61,7 +61,7 @@ def test_round_trip_upcycle_from_pretrained_generate(upcycled, tiny_tokenizer):
                               "--device", "cpu", "--dtype", "fp32"])
     assert res.exit_code == 0, res.output
     assert res.stdout == tiny_tokenizer.decode(expected, skip_special_tokens=True) + "\n"
-    assert f"{len(ids)} prompt + {NEW} new tokens" in res.stderr.replace("\n", " ")
+    assert f"{len(ids)} prompt + {NEW} new tokens" in " ".join(res.stderr.split())
 
 
 def test_chat_template_is_applied_and_missing_one_is_named(upcycled, tiny_tokenizer, tmp_path):
