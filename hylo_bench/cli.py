@@ -375,12 +375,13 @@ def sweep(
     from hylo_bench.upcycle.stages import parse_length
 
     try:
-        cfg = SweepConfig(model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
-                          batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend,
-                          baseline=baseline, decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk),
-                          cuda_graphs=cuda_graphs, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
-                          find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device, dtype=dtype, out=out, db=db,
-                          store=not no_store)
+        cfg = SweepConfig(
+            model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
+            batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,
+            decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
+            find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
+            find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
+            dtype=dtype, out=out, db=db, store=not no_store)
         run_with_progress(cfg, console, run)
     except ValueError as e:
         _fail(e)
