@@ -149,9 +149,21 @@ class _EngineBase:
             torch.cuda.reset_peak_memory_stats(dev)
         out = [tok]
         pos = torch.full((B,), T, dtype=torch.long, device=dev)
+        self._prepare_decode(tok, pos)
+        steps = self._timed_decode(tok, pos, max_new_tokens - 1, out)
+        timings = Timings(batch_size=B, prompt_tokens=T, new_tokens=max_new_tokens, ttft_s=ttft, decode_step_s=steps,
+                          prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+        return torch.stack(out, dim=1).cpu(), timings
+
+    def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
+        """Hook run after prefill, before the timed decode loop (CUDA-graph capture)."""
+
+    def _timed_decode(self, tok: torch.Tensor, pos: torch.Tensor, n: int, out: list[torch.Tensor]) -> list[float]:
+        """Run n greedy decode steps from ``tok`` at ``pos`` [B], appending tokens to ``out``; seconds per step."""
+        dev = self.device
         steps: list[float] = []
         events = []
-        for _ in range(max_new_tokens - 1):
+        for _ in range(n):
             if dev.type == "cuda":
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
@@ -167,9 +179,45 @@ class _EngineBase:
         _sync(dev)
         if events:
             steps = [a.elapsed_time(b) / 1e3 for a, b in events]
-        timings = Timings(batch_size=B, prompt_tokens=T, new_tokens=max_new_tokens, ttft_s=ttft, decode_step_s=steps,
-                          prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
-        return torch.stack(out, dim=1).cpu(), timings
+        return steps
+
+    @torch.inference_mode()
+    def decode_benchmark(self, batch: int, context_tokens: int, steps: int, seed: int = 0) -> Timings:
+        """Decode ``steps`` tokens after a synthetic context: the caches are filled with random values instead of
+        running the prefill (decode cost does not depend on the values; Zebra-Llama's throughput benchmark does the
+        same). ``ttft_s`` is 0 (not measured).
+
+        Raises:
+            ValueError: batch or context beyond the engine's capacity.
+        """
+        self._check(torch.zeros(batch, context_tokens, dtype=torch.long), steps + 1)
+        dev = self.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        self._fill_synthetic(context_tokens, gen)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        tok = torch.randint(0, self.model.config.vocab_size, (batch,), device=dev, generator=gen)
+        pos = torch.full((batch,), context_tokens, dtype=torch.long, device=dev)
+        self._prepare_decode(tok, pos)
+        out: list[torch.Tensor] = []
+        step_s = self._timed_decode(tok, pos, steps, out)
+        return Timings(batch_size=batch, prompt_tokens=context_tokens, new_tokens=steps, ttft_s=0.0,
+                       decode_step_s=step_s, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+
+    @torch.inference_mode()
+    def time_prefill_chunk(self, batch: int, start: int, length: int, seed: int = 0) -> float:
+        """Seconds for one prefill chunk of ``length`` tokens at offset ``start`` (device synchronised), over
+        whatever the cache holds (use after :meth:`decode_benchmark` or a prefill). For TTFT estimates at contexts
+        whose full prefill is too slow: chunk cost grows linearly with the offset.
+        """
+        self._check(torch.zeros(batch, start + length, dtype=torch.long), 1)
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, self.model.config.vocab_size, (batch, length), generator=gen).to(self.device)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self._lm_logits(self._prefill(ids, start))
+        _sync(self.device)
+        return time.perf_counter() - t0
 
 
 class Engine(_EngineBase):
@@ -279,6 +327,20 @@ class Engine(_EngineBase):
                 h = self._layer(i, h, lambda x: srv.decode(x, self._rows(slot, B)))
         return self._logits_to_token(h)
 
+    def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
+        from hylo_bench.serving.mla_layer import MLACacheSlot
+
+        self.reset()
+        for slot in self.slots:
+            if isinstance(slot, MLACacheSlot):
+                slot.latent[:, :context_tokens].normal_(generator=gen)
+                if slot.key_scale is not None:
+                    slot.key_scale[:, :context_tokens].fill_(1.0)
+
+    def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
+        if self.use_graphs and tok.shape[0] not in self._graphs:
+            self._graphs[tok.shape[0]] = self._capture(tok.shape[0], tok, pos)
+
     def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if not self.use_graphs:
             return self._step(tok, pos)
@@ -352,6 +414,11 @@ class TransformerEngine(_EngineBase):
 
     def reset(self) -> None:
         self.length = 0
+
+    def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
+        for t in self.k_cache + self.v_cache:
+            t[:, :, :context_tokens].normal_(generator=gen)
+        self.length = context_tokens
 
     def _attn(self, i: int, x: torch.Tensor, pos: torch.Tensor, start: int) -> torch.Tensor:
         attn = self.layers[i].self_attn
