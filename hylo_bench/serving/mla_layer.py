@@ -56,7 +56,7 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(x.dtype)
 
 
-def _flash_gqa_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether SDPA's flash kernel takes these GQA inputs (else a lower-right mask could be materialised)."""
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
@@ -161,7 +161,7 @@ class MLAServing:
             k = k * slot.key_scale[:B, :S].transpose(1, 2)[..., None]
         q = torch.cat([q_nope, q_pe], dim=-1)
         gqa = self.G != self.H
-        if gqa and q.device.type == "cuda" and not _flash_gqa_ok(q, k, v):
+        if gqa and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):
             rep = self.H // self.G  # no flash with GQA here: repeat K/V heads (memory-efficient kernel, no T x S)
             k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
         mask = None if start == 0 else causal_lower_right(T, S)
