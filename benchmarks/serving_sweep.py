@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result_envelope, write_result  # noqa: E402
+from _common import result_envelope, write_result
 
 GIB = 2 ** 30
 RECIPE = "HyLo-Qwen-7MLA21GDN-8K-SFT"
@@ -134,6 +134,8 @@ def decode_bytes_per_token(model, engine, T: int, B: int) -> int:
     cache of T tokens per sequence, plus the linear-layer states (read and written)."""
     emb = model.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
+    if model.get_output_embeddings().weight is emb:  # tied head: the whole matrix is read by the LM head
+        weights += emb.numel() * emb.element_size()
     cache = engine.cache_bytes()
     cap = engine.max_context
     per_token = (cache.get("mla_latent", 0) + cache.get("mla_key_scale", 0) + cache.get("kv", 0)) / cap / \
@@ -234,14 +236,18 @@ def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs
             engine.generate(ids[:, : min(T, 2048)], 3)  # compile / autotune, CUDA-graph capture
             _, t = engine.generate(ids, steps)
             rec.update(mode="full", **t.to_dict())
+            rec["graph_error"] = getattr(engine, "graph_error", None)
             if "ttft_estimated_s" in rec:
                 rec["ttft_estimate_ratio"] = rec["ttft_estimated_s"] / t.ttft_s
         else:
             t = engine.decode_benchmark(1, T, steps)
             rec.update(mode="estimated", **t.to_dict())
+            rec["graph_error"] = getattr(engine, "graph_error", None)
             rec["ttft_s"] = None
+            left = max(0.0, run.left() - reserve_s)
             rec["why_estimated"] = (f"full prefill estimated at {est:.0f} s (first/last chunk timing), more than the "
-                                    f"{max(0.0, run.left() - reserve_s):.0f} s left in the budget")
+                                    f"{left:.0f} s left in the budget" if est else
+                                    f"budget exhausted ({left:.0f} s left after the reserve)")
         peaks = [v for v in (rec.get("prefill_peak_gib"), rec.get("prefill_chunk_peak_gib"),
                              rec.get("decode_peak_gib")) if v is not None]
         rec["peak_memory_gib"] = max(peaks) if peaks else None

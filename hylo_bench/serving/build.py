@@ -32,7 +32,17 @@ def init_random_(model: torch.nn.Module, std: float = 0.02, seed: int = 0) -> No
 
 
 def _materialise(model: torch.nn.Module, device: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> None:
+    """Meta-device model -> ``device`` with random values (``keep_fp32`` names stay float32). Buffers computed at
+    construction (transformers' rotary ``inv_freq``) are rebuilt, since ``to_empty`` leaves them uninitialised."""
     model.to_empty(device=device)
+    if hasattr(model, "tie_weights"):  # to_empty makes new Parameters per module, which unties tied heads
+        model.tie_weights()
+    for name, m in model.named_modules():
+        if name and isinstance(getattr(m, "inv_freq", None), torch.Tensor) and hasattr(m, "config"):
+            fresh = type(m)(m.config)
+            with torch.no_grad():
+                for buf_name, buf in fresh.named_buffers():
+                    getattr(m, buf_name).copy_(buf)
     for name, p in model.named_parameters():
         target = torch.float32 if name.endswith(keep_fp32) else dtype
         p.data = p.data.to(target)
@@ -58,7 +68,7 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
     from hylo_bench.models.loading import layout_name
     from hylo_bench.upcycle import recipes as R
 
-    name = spec[len(BACKBONE_PREFIX):] if spec.startswith(BACKBONE_PREFIX) else spec
+    name = spec.removeprefix(BACKBONE_PREFIX)
     is_recipe = not Path(name).expanduser().exists() and name != "demo" and R.find_recipe(name) is not None
     if spec.startswith(BACKBONE_PREFIX) and not is_recipe:
         raise ValueError(f"{spec!r}: 'backbone:' needs a recipe name, e.g. backbone:HyLo-Qwen-7MLA21GDN-8K-SFT; "

@@ -112,7 +112,7 @@ class _EngineBase:
         Raises:
             ValueError: bad shapes or a prompt longer than ``max_context``.
         """
-        B, T = self._check(input_ids, 1)
+        _, T = self._check(input_ids, 1)
         self.reset()
         ids = input_ids.to(self.device)
         hidden = None
@@ -263,6 +263,7 @@ class Engine(_EngineBase):
             self.mixers.append(srv)
             self.slots.append(slot)
         self._graphs: dict[int, tuple] = {}
+        self.graph_error: str | None = None
 
     def cache_bytes(self) -> dict[str, int]:
         """Bytes allocated for caches: ``{"mla_latent", "mla_key_scale", "linear_state"}``."""
@@ -293,19 +294,22 @@ class Engine(_EngineBase):
         for t in self._linear_tensors():
             t.zero_()
 
-    def _layer(self, i: int, h: torch.Tensor, mixed_fn) -> torch.Tensor:
-        layer = self.layers[i]
-        h = h + mixed_fn(layer.input_layernorm(h))
+    def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None) -> torch.Tensor:
+        """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B]."""
+        layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
+        x = layer.input_layernorm(h)
+        if isinstance(srv, MLAServing):
+            mixed = srv.prefill(x, slot, prefill_start) if pos is None else srv.decode(x, slot, pos)
+        else:
+            rows = self._rows(slot, h.shape[0])
+            mixed = srv.prefill(x, rows) if pos is None else srv.decode(x, rows)
+        h = h + mixed
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        B = ids.shape[0]
         h = self.model.model.embed_tokens(ids)
-        for i, (srv, slot) in enumerate(zip(self.mixers, self.slots)):
-            if isinstance(srv, MLAServing):
-                h = self._layer(i, h, lambda x: srv.prefill(x, slot, start))
-            else:
-                h = self._layer(i, h, lambda x: srv.prefill(x, self._rows(slot, B)))
+        for i in range(len(self.layers)):
+            h = self._layer(i, h, start, None)
         return h[:, -1:]
 
     def _rows(self, state, B: int):
@@ -318,13 +322,9 @@ class Engine(_EngineBase):
         return self.model.lm_head(self.model.model.norm(hidden_B1D))
 
     def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        B = tok.shape[0]
         h = self.model.model.embed_tokens(tok[:, None])
-        for i, (srv, slot) in enumerate(zip(self.mixers, self.slots)):
-            if isinstance(srv, MLAServing):
-                h = self._layer(i, h, lambda x: srv.decode(x, slot, pos))
-            else:
-                h = self._layer(i, h, lambda x: srv.decode(x, self._rows(slot, B)))
+        for i in range(len(self.layers)):
+            h = self._layer(i, h, None, pos)
         return self._logits_to_token(h)
 
     def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
@@ -339,7 +339,15 @@ class Engine(_EngineBase):
 
     def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
         if self.use_graphs and tok.shape[0] not in self._graphs:
-            self._graphs[tok.shape[0]] = self._capture(tok.shape[0], tok, pos)
+            saved = [t.clone() for t in self._linear_tensors()]
+            try:
+                self._graphs[tok.shape[0]] = self._capture(tok.shape[0], tok, pos)
+            except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: decode eagerly instead
+                self.use_graphs, self.graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
+                logger.warning("CUDA-graph capture failed, decoding eagerly: %s", self.graph_error)
+                torch.cuda.synchronize(self.device)
+            for dst, src in zip(self._linear_tensors(), saved):
+                dst.copy_(src)
 
     def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if not self.use_graphs:
@@ -354,9 +362,8 @@ class Engine(_EngineBase):
         return s_out.clone()
 
     def _capture(self, B: int, tok: torch.Tensor, pos: torch.Tensor):
-        """Capture ``_step`` for batch B. Warm-up and capture run real steps, so the linear states are saved
-        first and restored afterwards (the latent row they write at ``pos`` is rewritten by the real step)."""
-        saved = [t.clone() for t in self._linear_tensors()]
+        """Capture ``_step`` for batch B. Warm-up and capture run real steps, so the caller saves the linear states
+        first and restores them afterwards (the latent row they write at ``pos`` is rewritten by the real step)."""
         s_tok, s_pos = tok.clone(), pos.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -367,8 +374,6 @@ class Engine(_EngineBase):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             s_out = self._step(s_tok, s_pos)
-        for dst, src in zip(self._linear_tensors(), saved):
-            dst.copy_(src)
         self.cuda_graphs = True
         logger.info("decode step captured in a CUDA graph (batch %d)", B)
         return graph, s_tok, s_pos, s_out

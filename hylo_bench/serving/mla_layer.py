@@ -158,7 +158,7 @@ class MLAServing:
             k_nope = k_nope * self.m.k_norm.weight[: self.N].to(k_nope.dtype)
         k = torch.cat([k_nope, prefix[:, None, :, self.R:].expand(B, self.G, S, self.P)], dim=-1)
         if ks is not None:
-            k = k * slot.key_scale[:B, :S].transpose(1, 2)[..., None]
+            k.mul_(slot.key_scale[:B, :S].transpose(1, 2)[..., None])  # in place: k is a fresh [B, G, S, N + P]
         q = torch.cat([q_nope, q_pe], dim=-1)
         gqa = self.G != self.H
         if gqa and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):

@@ -154,7 +154,7 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "hylo_bench.serving.sweep_worker", str(spec_path), str(out_path)]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return {"status": "timeout", "error": f"point exceeded {timeout_s:.0f} s", "wall_s": timeout_s}
         if out_path.is_file():
@@ -165,7 +165,7 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         killed = proc.returncode in (-9, 137)
         tail = proc.stderr.strip().splitlines()[-1:] or [""]
         return {"status": "oom" if killed else "error", "wall_s": time.perf_counter() - t0,
-                "error": (f"worker killed (SIGKILL: host out of memory?)" if killed else
+                "error": ("worker killed (SIGKILL: host out of memory?)" if killed else
                           f"worker exited with code {proc.returncode}: {tail[0]}")[:500]}
 
 

@@ -14,6 +14,7 @@ import resource
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 OOM_HOOK_ENV = "HYLO_BENCH_SWEEP_OOM_AT"
@@ -121,6 +122,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         rec["warmup_s"] = time.perf_counter() - w0
         _, timings = engine.generate(ids, steps)
         rec["engine"] = type(engine).__name__
+        rec["graph_error"] = getattr(engine, "graph_error", None)
     rec.update(timings.to_dict())
     peaks = [p for p in (timings.prefill_peak_gib, timings.decode_peak_gib) if p is not None]
     rec["peak_memory_gib"] = max(peaks) if peaks else None
@@ -132,7 +134,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(open(argv[0], encoding="utf-8").read())
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     out_path = argv[1]
     t0 = time.perf_counter()
     rec: dict[str, Any] = {}

@@ -12,6 +12,7 @@ from hylo_bench.serving.engine import Engine, TransformerEngine, make_engine
 from hylo_bench.serving.mla_layer import MLAServing
 from tests.conftest import make_base, tiny_hybrid_config
 
+
 @pytest.fixture
 def rope_float64(monkeypatch):
     """The model's RoPE and RMSNorms compute in float32 even for float64 inputs; float64 checks use the same
@@ -133,6 +134,6 @@ def test_transformer_engine_equals_transformers_generate(kind):
     want = _hf_greedy(model, ids, 6)
     engine = make_engine(model, max_batch=2, max_context=20, prefill_chunk=5)
     assert isinstance(engine, TransformerEngine)
-    got, timings = engine.generate(ids, 6)
+    got, _ = engine.generate(ids, 6)
     assert torch.equal(got, want), (got, want)
     assert engine.cache_bytes()["kv"] == 4 * 2 * 2 * 2 * 20 * 16 * 4  # layers * (K, V) * B * n_kv * Tm * d_h * fp32

@@ -34,7 +34,7 @@ def _cfg(ckpts, tmp_path, **kw):
 
 def _in_process(monkeypatch):
     """Run workers in this process (same code path as the subprocess, minus the interpreter start)."""
-    def fake(spec, timeout_s, tmp=[0]):
+    def fake(spec, timeout_s):
         import tempfile
         from pathlib import Path
 

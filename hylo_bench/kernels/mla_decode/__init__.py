@@ -27,8 +27,9 @@ def _log_choice_once(name: str, reason: str) -> None:
     logger.info("MLA decode backend: %s (%s)", name, reason)
 
 
+@functools.cache
 def select_mla_decode_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    """("torch" | "triton", reason) for backend="auto"."""
+    """("torch" | "triton", reason) for backend="auto" (cached: called per layer and decode step)."""
     if device.type != "cuda":
         return "torch", f"device {device.type}"
     if dtype == torch.float64:
