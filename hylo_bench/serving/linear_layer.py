@@ -115,7 +115,7 @@ class LinearServing:
         if self.gdn_backend == "fla":
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-            o, new = fused_recurrent_gated_delta_rule(q, k, v, g.float(), beta.to(q.dtype),
+            o, new = fused_recurrent_gated_delta_rule(q, k, v, g=g.float(), beta=beta.to(q.dtype),
                                                       initial_state=state.recurrent, output_final_state=True,
                                                       use_qk_l2norm_in_kernel=True)
         else:
