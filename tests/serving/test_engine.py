@@ -137,3 +137,33 @@ def test_transformer_engine_equals_transformers_generate(kind):
     got, _ = engine.generate(ids, 6)
     assert torch.equal(got, want), (got, want)
     assert engine.cache_bytes()["kv"] == 4 * 2 * 2 * 2 * 20 * 16 * 4  # layers * (K, V) * B * n_kv * Tm * d_h * fp32
+
+
+def test_decode_benchmark_then_generate_still_matches():
+    """The synthetic-context decode fills the caches with noise; the next generate must not see any of it."""
+    model = _model("gdn")
+    ids = torch.randint(3, 97, (1, 9))
+    want = _hf_greedy(model, ids, 5)
+    engine = Engine(model, max_batch=1, max_context=40, prefill_chunk=4)
+    t = engine.decode_benchmark(1, 30, 6)
+    assert (t.prompt_tokens, len(t.decode_step_s)) == (30, 6)
+    assert engine.slots[1].latent[0, :30].abs().sum() > 0
+    assert engine.time_prefill_chunk(1, 26, 4) > 0
+    got, _ = engine.generate(ids, 5)
+    assert torch.equal(got, want)
+
+
+def test_random_build_materialises_every_parameter():
+    from hylo_bench.serving.build import _materialise
+
+    cfg = tiny_hybrid_config(linear_type="mamba", use_qk_norm=True)
+    with torch.device("meta"):
+        model = HyLoForCausalLM(cfg)
+    _materialise(model, "cpu", torch.bfloat16, ("A_log", "dt_bias"))
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.float()).all(), name
+        assert p.dtype == (torch.float32 if name.endswith(("A_log", "dt_bias")) else torch.bfloat16), name
+    mamba = model.model.layers[0].mamba
+    assert torch.all(mamba.A_log > 0) and torch.all(mamba.D == 1) and torch.all(mamba.norm.weight == 1)
+    assert model.model.layers[1].mla.q_norm.weight.eq(1).all()
+    assert 0.015 < model.lm_head.weight.float().std().item() < 0.025
