@@ -68,6 +68,10 @@ class Run:
     def _watchdog(self) -> None:
         time.sleep(max(0.0, self.left() + 20))
         self.env["aborted"] = "watchdog: budget exceeded while a point was running; its record is missing"
+        try:
+            self.env["summary"] = summarise(self.env)
+        except Exception as exc:  # noqa: BLE001 - the records are what matters
+            self.env["summary"] = f"not computed: {exc}"
         self.save()
         print(self.env["aborted"], flush=True)
         os._exit(0)
@@ -275,6 +279,34 @@ def bandwidth_record(run: Run, rec: dict, bw: float) -> None:
              "status": "ok"})
 
 
+def summarise(env: dict) -> dict:
+    """Headline numbers for the envelope: per series the largest context measured in full and in estimated mode,
+    the first OOM, the 64K bandwidth-bound fraction, the memory-model error range, and for every estimated
+    point a FLOP-based TTFT estimate from the attention throughput achieved by the longest full prefill."""
+    recs = env["records"]
+    out: dict = {}
+    for series in ("hylo", "baseline"):
+        pts = [r for r in recs if r.get("series") == series and "check" not in r and not r.get("variant")]
+        full = [r for r in pts if r.get("status") == "ok" and r.get("mode") == "full"]
+        est = [r for r in pts if r.get("status") == "ok" and r.get("mode") == "estimated"]
+        errs = [r["kv_model_engine_err_pct"] for r in pts if r.get("kv_model_engine_err_pct") is not None]
+        s = {"max_full_tokens": max((r["seq_len"] for r in full), default=None),
+             "max_estimated_tokens": max((r["seq_len"] for r in est), default=None),
+             "first_oom_tokens": min((r["seq_len"] for r in pts if r.get("status") == "oom"), default=None),
+             "kv_model_err_pct_range": [min(errs), max(errs)] if errs else None}
+        if full:
+            ref = max(full, key=lambda r: r["seq_len"])
+            tflops = ref["prefill_attention_flops"] / ref["ttft_s"] / 1e12
+            s["attention_tflops_lower_bound"] = tflops
+            s["ttft_flops_estimate_s"] = {str(r["seq_len"]): r["prefill_attention_flops"] / tflops / 1e12
+                                          for r in est}
+        bw = [r for r in recs if r.get("check") == "bandwidth_bound" and r.get("series") == series]
+        s["bandwidth_bound_fraction"] = {("graphs" if r["cuda_graphs"] else "eager"): r["fraction_of_bound"]
+                                         for r in bw}
+        out[series] = s
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-s", type=float, default=480.0, help="Stop cleanly within this many seconds.")
@@ -349,7 +381,9 @@ def main() -> None:
     for T in [T for T in long_ctx if T <= 1024 * 1024]:  # 1M last: full prefill if the budget still allows
         point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=15, device=device)
     env["finished"] = True
+    env["summary"] = summarise(env)
     run.save()
+    print(f"summary: {env['summary']}", flush=True)
     print(f"done in {time.monotonic() - run.t0:.0f} s: {args.out}", flush=True)
 
 
