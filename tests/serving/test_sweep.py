@@ -124,3 +124,11 @@ def test_backend_and_baseline_errors(ckpts, tmp_path):
     with pytest.raises(ValueError, match="recipe name"):
         S.resolve_baseline(str(ckpts / "hylo"), "backbone")
     assert S.resolve_baseline("HyLo-Qwen-7MLA21GDN-8K-SFT", "backbone") == "backbone:HyLo-Qwen-7MLA21GDN-8K-SFT"
+
+
+def test_hf_backend_point_in_process(ckpts):
+    spec = {"model": str(ckpts / "hylo"), "backend": "hf", "seq_len": 12, "batch_size": 2, "decode_steps": 3,
+            "prefill_chunk": 4, "device": "cpu", "dtype": "fp32", "warmup": False}
+    rec = sweep_worker.run_point(spec)
+    assert rec["engine"] == "transformers-eager" and rec["prompt_tokens"] == 12 and rec["batch_size"] == 2
+    assert rec["ttft_s"] > 0 and rec["tpot_s"] > 0 and "kv_cache_gib" not in rec
