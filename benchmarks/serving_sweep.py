@@ -4,7 +4,8 @@ weights, real shapes), native engine (:mod:`hylo_bench.serving.engine`), batch 1
 the ``hylo-bench kv`` memory model next to the measured peak memory. Writes ``benchmarks/results/serving_sweep.json``
 (benchmark format) after every point and stops cleanly inside ``--budget-s``.
 
-Per context the script allocates the engine (an OOM here is recorded as ``status: oom``), times the first and the
+Order: environment and copy bandwidth, GPU parity checks, HyLo 8K -> 2M (64K also without CUDA graphs), then the
+baseline 8K -> 2M (larger contexts skipped after its first OOM). Per context the script allocates the engine (an OOM here is recorded as ``status: oom``), times the first and the
 last prefill chunk (chunk cost grows linearly with its offset, so TTFT ~= n_chunks * (first + last) / 2) and runs
 the full prefill only when that estimate fits the remaining budget; otherwise the point is ``mode: estimated``:
 decode is measured after a synthetic context (caches filled with random values; decode cost does not depend on
@@ -345,41 +346,40 @@ def main() -> None:
     env["hybrid_params"] = sum(p.numel() for p in hybrid.parameters())
     parity_checks(run, hybrid, device)
 
-    long_ctx = [T for T in contexts if T > 256 * 1024 or (args.smoke and T > 256)]
-    for T in [T for T in contexts if T not in long_ctx]:
-        rec = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=120, device=device)
+    # HyLo first, longest contexts last: 1M runs in full when its chunk-timed estimate fits the budget minus a
+    # reserve for 2M (estimated) and the baseline series; 2M is expected to be estimated.
+    reserves = {T: (150 if T <= 256 * 1024 else 100 if T <= 1024 * 1024 else 80) for T in contexts}
+    if args.smoke:
+        reserves = {T: 0 for T in contexts}
+    for T in sorted(contexts):
+        rec = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=reserves[T],
+                    device=device)
         if T == (256 if args.smoke else 65536):
             bandwidth_record(run, rec, bw)
             if graphs:
-                eager = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=False, reserve_s=120,
+                eager = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=False, reserve_s=reserves[T],
                               device=device, variant="eager")
                 bandwidth_record(run, eager, bw)
-    for T in [T for T in long_ctx if T > 1024 * 1024]:  # 2M: expected estimated; cheap
-        point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=240, device=device)
-
     del hybrid
     free()
+
     t0 = time.monotonic()
     base, binfo = build("baseline", device, dtype, args.smoke)
     env["baseline_build_s"] = time.monotonic() - t0
     env["baseline_params"] = sum(p.numel() for p in base.parameters())
     oom_at = None
-    for T in base_contexts:
+    for T in sorted(base_contexts):
         if oom_at is not None:
             run.add({"series": "baseline", "model": binfo["name"], "seq_len": T, "batch_size": 1,
                      "status": "skipped", "error": f"{oom_at} tokens already ran out of memory"})
             continue
-        rec = point(run, base, binfo, T, steps=steps, chunk=chunk, graphs=False, reserve_s=90, device=device)
+        rec = point(run, base, binfo, T, steps=steps, chunk=chunk, graphs=False, reserve_s=10, device=device)
         if rec["status"] == "oom":
             oom_at = T
         if T == (256 if args.smoke else 65536):
             bandwidth_record(run, rec, bw)
     del base
     free()
-
-    hybrid, hinfo = build("hybrid", device, dtype, args.smoke)
-    for T in [T for T in long_ctx if T <= 1024 * 1024]:  # 1M last: full prefill if the budget still allows
-        point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=15, device=device)
     env["finished"] = True
     env["summary"] = summarise(env)
     run.save()
