@@ -196,8 +196,8 @@ class SweepRun:
                 "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": c.cuda_graphs,
                 "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0}
         rec = run_worker(spec, c.point_timeout_s)
-        return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend, "point": kind,
-                         "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})
+        return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
+                         "point": kind, "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})
 
     def add(self, rec: dict[str, Any]) -> dict[str, Any]:
         rec = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
@@ -233,8 +233,7 @@ class SweepRun:
             else:
                 hi = mid
         self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend, "point": "max",
-                  "seq_len": lo,
-                  "batch_size": batch, "max_context_tokens": lo, "first_failed_tokens": hi,
+                  "seq_len": lo, "batch_size": batch, "max_context_tokens": lo, "first_failed_tokens": hi,
                   "resolution_tokens": c.find_max_resolution_tokens, "status": "ok" if lo else "oom"})
         return lo
 
@@ -255,8 +254,8 @@ def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = N
             ok, bad, errors = [], [], []
             for seq_len in sorted(cfg.contexts_tokens):
                 if bad and cfg.stop_after_oom:
-                    sweep.add({"model": spec_model, "series": name, "spec": spec_model, "backend": cfg.backend, "point": "grid",
-                               "seq_len": seq_len, "batch_size": batch, "status": "skipped",
+                    sweep.add({"model": spec_model, "series": name, "spec": spec_model, "backend": cfg.backend,
+                               "point": "grid", "seq_len": seq_len, "batch_size": batch, "status": "skipped",
                                "error": f"{min(bad)} tokens already did not fit"})
                     continue
                 rec = sweep.point(name, spec_model, seq_len, batch)
