@@ -6,12 +6,13 @@ the ``hylo-bench kv`` memory model next to the measured peak memory. Writes ``be
 
 Order: environment and copy bandwidth, GPU parity checks, HyLo 8K -> 2M (64K also without CUDA graphs), then the
 baseline 8K -> 2M (larger contexts skipped after its first OOM). Per context the script allocates the engine (an
-OOM here is recorded as ``status: oom``), times the first and the last prefill chunk (chunk cost grows linearly with its offset, so TTFT ~= n_chunks * (first + last) / 2) and runs
-the full prefill only when that estimate fits the remaining budget; otherwise the point is ``mode: estimated``:
-decode is measured after a synthetic context (caches filled with random values; decode cost does not depend on
-them) and TTFT is the chunk estimate. MLA prefill attention is quadratic: FLOPs ~= 2 * T^2 * (d_qk + d_v) *
-n_heads * n_mla (causal half of 4 T^2 d per head), ~2.5e17 at 2M for 7 MLA layers, i.e. about 10 minutes at 400 TFLOP/s,
-so 2M is expected to be ``estimated`` (the record says why).
+OOM here is recorded as ``status: oom``), times the first and the last prefill chunk (chunk cost grows linearly
+with its offset, so TTFT ~= n_chunks * (first + last) / 2) and runs the full prefill only when that estimate fits
+the remaining budget; otherwise the point is ``mode: estimated``: decode is measured after a synthetic context
+(caches filled with random values; decode cost does not depend on them) and TTFT is the chunk estimate.
+MLA prefill attention is quadratic: FLOPs ~= 2 * T^2 * (d_qk + d_v) * n_heads * n_mla (the causal half of
+4 T^2 d per head), ~2.5e17 at 2M for 7 MLA layers, about 10 minutes at 400 TFLOP/s, so 2M is expected to be
+``estimated`` (the record says why).
 
 Usage (H200, one command; about 8 minutes)::
 
@@ -276,8 +277,8 @@ def bandwidth_record(run: Run, rec: dict, bw: float) -> None:
     bound = rec["decode_bytes_per_token"] / bw
     run.add({"check": "bandwidth_bound", "series": rec["series"], "seq_len": rec["seq_len"], "batch_size": 1,
              "cuda_graphs": rec["cuda_graphs"], "tpot_s": rec["tpot_s"],
-             "bytes_per_token": rec["decode_bytes_per_token"], "copy_bandwidth_gb_per_s": bw / 1e9, "bound_tpot_s": bound, "fraction_of_bound": bound / rec["tpot_s"],
-             "status": "ok"})
+             "bytes_per_token": rec["decode_bytes_per_token"], "copy_bandwidth_gb_per_s": bw / 1e9,
+             "bound_tpot_s": bound, "fraction_of_bound": bound / rec["tpot_s"], "status": "ok"})
 
 
 def summarise(env: dict) -> dict:
