@@ -26,7 +26,9 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(str(e))}")  # escaped: messages quote extras like hylo-bench[vllm]
     raise typer.Exit(2)
 
 

@@ -291,6 +291,8 @@ def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
     """``runner(cfg, on_record)`` with a rich progress bar over the grid points and one line per record."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    check_backend(cfg.backend)  # fail before the progress bar appears
+    resolve_baseline(cfg.model, cfg.baseline)
     with Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("points", total=points_total(cfg))

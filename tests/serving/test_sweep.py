@@ -132,3 +132,19 @@ def test_hf_backend_point_in_process(ckpts):
     rec = sweep_worker.run_point(spec)
     assert rec["engine"] == "transformers-eager" and rec["prompt_tokens"] == 12 and rec["batch_size"] == 2
     assert rec["ttft_s"] > 0 and rec["tpot_s"] > 0 and "kv_cache_gib" not in rec
+
+
+def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    runner = CliRunner()
+    base = ["sweep", str(ckpts / "hylo"), "--out", str(tmp_path / "s.json"), "--no-store"]
+    res = runner.invoke(app, [*base, "--contexts", "16", "--backend", "vllm"])
+    assert res.exit_code == 2 and "vLLM" in res.output and "--backend native" in res.output
+    res = runner.invoke(app, [*base, "--contexts", "16", "--baseline", "backbone"])
+    assert res.exit_code == 2 and "recipe name" in res.output
+    res = runner.invoke(app, [*base, "--contexts", "8q"])
+    assert res.exit_code == 2 and "8q" in res.output
+    assert not (tmp_path / "s.json").exists()
