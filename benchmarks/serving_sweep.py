@@ -204,13 +204,13 @@ def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs
           device: str, variant: str = "") -> dict:
     """One context: allocate, estimate TTFT from two chunks, full run when it fits the budget, else estimated."""
     from hylo_bench.serving.engine import make_engine
-    from hylo_bench.serving.sweep_worker import _kv_model
+    from hylo_bench.serving.sweep_worker import memory_model_gib
 
     chunk = min(chunk, T)
     rec = {"series": "hylo" if info["kind"] == "hybrid" else "baseline", "model": info["name"],
            "layout": info["layout"], "seq_len": T, "batch_size": 1, "decode_steps": steps, "prefill_chunk": chunk,
            "cuda_graphs": graphs, "variant": variant}
-    rec.update(_kv_model(model, info, 1, T + steps))
+    rec.update(memory_model_gib(model, info, 1, T + steps))
     cfg = model.config
     if info["kind"] == "hybrid":
         n_mla, H = len(cfg.mla_layers), cfg.num_attention_heads

@@ -21,7 +21,7 @@ OOM_HOOK_ENV = "HYLO_BENCH_SWEEP_OOM_AT"
 GIB = 2 ** 30
 
 
-def _kv_model(model, info: dict[str, Any], batch: int, tokens: int) -> dict[str, float | None]:
+def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> dict[str, float | None]:
     """``hylo-bench kv`` memory-model predictions (GiB) for bf16 weights and caches."""
     import torch
 
@@ -102,7 +102,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
                            "weights": info["weights"], "device": torch.cuda.get_device_name(device)
                            if device.startswith("cuda") else "cpu", "dtype": str(dtype).removeprefix("torch."),
                            "build_s": time.perf_counter() - t0}
-    rec.update(_kv_model(model, info, B, T + steps))
+    rec.update(memory_model_gib(model, info, B, T + steps))
     hook = os.environ.get(OOM_HOOK_ENV)
     if hook and T >= int(hook):
         raise torch.cuda.OutOfMemoryError(f"simulated by {OOM_HOOK_ENV}={hook}")
