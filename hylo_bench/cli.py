@@ -26,7 +26,9 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(str(e))}")  # escaped: messages quote extras like hylo-bench[vllm]
     raise typer.Exit(2)
 
 
@@ -374,6 +376,49 @@ def generate(
     dt = time.perf_counter() - t0
     console.print(f"[dim]{info['name']} ({info['layout']}): {result.prompt_tokens} prompt + "
                   f"{len(result.token_ids)} new tokens, {dt:.1f} s with loading[/]")
+
+
+@app.command()
+def sweep(
+    model: str = typer.Argument(..., help="Checkpoint dir, hub id, 'demo', or a recipe name (random weights of its "
+                                "real shapes, built on the device in bf16)."),
+    contexts: str = typer.Option(..., "--contexts", help="Prompt lengths, e.g. 8k,64k,256k,1m."),
+    batch: str = typer.Option("1", "--batch", help="Batch sizes, e.g. 1,8."),
+    backend: str = typer.Option("native", "--backend", help="native (hylo-bench engine), hf (eager transformers "
+                                "loop) or vllm."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Also sweep this model: 'backbone' (the "
+                                           "recipe's backbone, random weights) or a checkpoint / hub id."),
+    decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),
+    prefill_chunk: str = typer.Option("8k", "--prefill-chunk", help="Native engine prefill chunk (tokens)."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture the decode step in a CUDA graph."),
+    find_max: bool = typer.Option(False, "--find-max", help="Search the largest context that fits per batch size "
+                                  "(doubling, then bisection)."),
+    resolution: str = typer.Option("1k", "--find-max-resolution", help="Bisection resolution (tokens)."),
+    find_max_limit: str = typer.Option("64m", "--find-max-limit", help="Largest context --find-max tries."),
+    point_timeout: float = typer.Option(1800.0, "--point-timeout", help="Seconds per point before it is stopped."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 / fp16 / fp32 (default: bf16 on GPU, fp32 "
+                                        "on CPU)."),
+    out: Path = typer.Option(Path("hylo-results/sweep.json"), "--out", help="Results JSON (benchmark format)."),
+    db: Optional[str] = typer.Option(None, "--db", help="Results store (path or URL); see `hylo-bench import`."),
+    no_store: bool = typer.Option(False, "--no-store", help="Write only the JSON, not the results store."),
+) -> None:
+    """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
+    from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
+    from hylo_bench.upcycle.stages import parse_length
+
+    try:
+        cfg = SweepConfig(
+            model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
+            batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,
+            decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
+            find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
+            find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
+            dtype=dtype, out=out, db=db, store=not no_store)
+        run_with_progress(cfg, console, run)
+    except ValueError as e:
+        _fail(e)
+    console.print(f"[green]results: {out}[/]")
 
 
 if __name__ == "__main__":

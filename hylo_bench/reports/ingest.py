@@ -1,7 +1,8 @@
 """Recognise and parse result files for the results store: one :class:`RunRecord` per file, nothing written.
 
 Kinds: ``ruler`` (our RULER results file), ``ruler-json`` (``hylo-bench ruler --json``), ``upcycle`` (manifest.json),
-``benchmark`` (``benchmarks/results/*.json``) and ``lm-eval`` (lm-eval 0.4 ``results_*.json``). Scores are 0-100.
+``benchmark`` (``benchmarks/results/*.json``), ``sweep`` (``hylo-bench sweep`` results: a benchmark JSON with
+``"kind": "sweep"`` that grows point by point) and ``lm-eval`` (lm-eval 0.4 ``results_*.json``). Scores are 0-100.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 
-KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "lm-eval", "eval-json", "eval-summary")
+KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "sweep", "lm-eval", "eval-json", "eval-summary")
 # Keys a RULER results file / upcycle manifest gains while its run goes on; the natural key leaves them out so
 # re-importing a grown file extends the same run instead of adding a new one.
 _RULER_GROWING = ("records", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec")
@@ -78,6 +79,8 @@ def detect_kind(obj: Any) -> str:
             return "ruler"
         if obj.get("kind") == "upcycle":
             return "upcycle"
+        if obj.get("kind") == "sweep" and "records" in obj:
+            return "sweep"
         if "benchmark" in obj and "records" in obj:
             return "benchmark"
         if isinstance(obj.get("results"), dict) and ("n-samples" in obj or "config" in obj or "versions" in obj):
@@ -189,6 +192,16 @@ def _benchmark(obj: dict[str, Any], source: str) -> RunRecord:
                      created_utc=created, metrics=[], train_log=[], points=points)
 
 
+def _sweep(obj: dict[str, Any], source: str) -> RunRecord:
+    """A ``hylo-bench sweep`` file: benchmark records, but the run is keyed on everything except the growing
+    ``records`` (and ``device``, filled in by the first point), so re-importing a grown file adds only new points."""
+    rec = _benchmark(obj, source)
+    rec.kind = "sweep"
+    rec.natural_key = content_hash(_without(obj, ("records", "device")))
+    rec.model = str(obj.get("model") or obj["benchmark"])
+    return rec
+
+
 def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
     cfg = obj.get("config") or {}
     n_samples = obj.get("n-samples") or {}
@@ -273,7 +286,7 @@ def _now() -> str:
 
 
 _PARSERS = {"ruler": _ruler_file, "ruler-json": _ruler_json, "upcycle": _manifest, "benchmark": _benchmark,
-            "lm-eval": _lm_eval, "eval-json": _eval_json, "eval-summary": _eval_summary}
+            "sweep": _sweep, "lm-eval": _lm_eval, "eval-json": _eval_json, "eval-summary": _eval_summary}
 
 
 def parse_object(obj: Any, source: str) -> RunRecord:

@@ -196,8 +196,9 @@ class SaveOutcome:
 def save_runs(engine: Engine, records: Iterable[RunRecord]) -> list[SaveOutcome]:
     """Write runs in ONE transaction: either every record is stored or (on any error) nothing is.
 
-    A run whose ``natural_key`` is already stored is not duplicated; metrics and training-log rows it lacks are
-    added (a RULER file or manifest that grew since the last import), rows already stored are skipped.
+    A run whose ``natural_key`` is already stored is not duplicated; metrics, training-log rows and benchmark points
+    it lacks are added (a RULER file, manifest or sweep that grew since the last import), rows already stored are
+    skipped.
 
     Raises:
         ValueError: a record holds a different value for a metric or logged step already stored for the same run
@@ -237,8 +238,17 @@ def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
     new_train = [row | {"run_id": run_id} for row in rec.train_log if (row["stage_index"], row["step"]) not in logged]
     if new_train:
         conn.execute(train_log.insert(), new_train)
-    new_points = [{"run_id": run_id, "idx": p["idx"], "benchmark": p["benchmark"],
-                   "record_json": json.dumps(p["record"])} for p in rec.points] if is_new else []  # fmt: skip
+    have = {r.idx: r.record_json for r in conn.execute(
+        sa.select(points.c.idx, points.c.record_json).where(points.c.run_id == run_id))}
+    new_points = []
+    for p in rec.points:  # a sweep file grows point by point: add the points not stored yet
+        text = json.dumps(p["record"])
+        if p["idx"] in have:
+            if have[p["idx"]] != text:
+                raise ValueError(f"{rec.source}: run {run_id} already stores point {p['idx']} = {have[p['idx']]}, "
+                                 f"the file says {text}; results are append-only, so write a new run")
+            continue
+        new_points.append({"run_id": run_id, "idx": p["idx"], "benchmark": p["benchmark"], "record_json": text})
     if new_points:
         conn.execute(points.insert(), new_points)
     changed = new_metrics or new_train or new_points

@@ -271,3 +271,16 @@ def estimate(cfg, *, weight_params: int, fp32_params: int = 0, gpu_mem_bytes: in
         if max_model_len:
             out["vllm"]["capacity"] = vllm_capacity(layout, budget - weights, max_model_len)
     return out
+
+
+def engine_extra_bytes_per_token(cfg, dtype_bytes: int = BF16_BYTES) -> int:
+    """Bytes per token the native serving engine caches beyond the latent (``hylo_bench.serving.mla_layer``):
+    with Qwen3 q/k norms, one key scale per KV group per MLA layer (#MLA x n_kvm x dtype), else 0."""
+    return len(cfg.mla_layers) * cfg.num_key_value_heads * dtype_bytes if cfg.use_qk_norm else 0
+
+
+def serving_peak_bytes(*, weight_bytes: int, batch: int, tokens: int, kv_bytes_per_token: int,
+                       state_bytes_per_sequence: int = 0) -> int:
+    """Memory-model prediction of decode-time memory: weights + batch x (state + tokens x KV bytes per token).
+    Activations and workspace are left out (small at decode; prefill transients are reported separately)."""
+    return weight_bytes + batch * (state_bytes_per_sequence + tokens * kv_bytes_per_token)

@@ -1,0 +1,126 @@
+"""Triton split-KV ("flash-decoding") kernel for absorbed-weight MLA decode over the latent cache. CUDA only;
+imported lazily by :func:`hylo_bench.kernels.mla_decode.mla_decode`. Contract: ``mla_decode_reference``.
+
+All H query heads share one latent row per token (MQA over the latent), so one program handles every head of
+one sequence for one split of the cache: scores ``[H, BLOCK_N] = q_lat @ c^T + q_rope @ kr^T`` with fp32
+accumulation, an online softmax, and ``acc [H, R] += p @ c``. Splits are combined in torch (log-sum-exp merge).
+The number of splits depends only on the cache's capacity T and the batch, and the valid length is read from a
+device tensor, so the launch is CUDA-graph safe.
+
+Legend: B batch, T cache slots, S splits, H heads, G key-scale groups, R kv_lora_rank, P qk_rope_head_dim.
+Adapted from the split-KV decode design of FlashDecoding / vLLM ``triton_decode_attention`` (own code).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 32
+TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    Q_lat, Q_rope, Cache, KScale, Lengths, Acc, M, L,
+    stride_qlb, stride_qlh, stride_qrb, stride_qrh, stride_cb, stride_ct, stride_kb, stride_kt,
+    stride_ab, stride_as, stride_ah, stride_mb, stride_ms,
+    sm_scale, tokens_per_split,
+    H: tl.constexpr, R: tl.constexpr, P: tl.constexpr, REP: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    length = tl.load(Lengths + b).to(tl.int32)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, length)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_p = tl.arange(0, BLOCK_P)
+    mask_h = offs_h < H
+    q_lat = tl.load(Q_lat + b * stride_qlb + offs_h[:, None] * stride_qlh + offs_r[None, :],
+                    mask=mask_h[:, None] & (offs_r[None, :] < R), other=0.0)
+    q_rope = tl.load(Q_rope + b * stride_qrb + offs_h[:, None] * stride_qrh + offs_p[None, :],
+                     mask=mask_h[:, None] & (offs_p[None, :] < P), other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float32)
+    cache_b = Cache + b.to(tl.int64) * stride_cb
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        rows = offs_n.to(tl.int64)[:, None] * stride_ct
+        c = tl.load(cache_b + rows + offs_r[None, :], mask=mask_n[:, None] & (offs_r[None, :] < R), other=0.0)
+        kr = tl.load(cache_b + rows + R + offs_p[None, :], mask=mask_n[:, None] & (offs_p[None, :] < P),
+                     other=0.0)
+        s = tl.dot(q_lat, tl.trans(c)) + tl.dot(q_rope, tl.trans(kr))  # [BLOCK_H, BLOCK_N] fp32
+        if HAS_SCALE:
+            ks = tl.load(KScale + b.to(tl.int64) * stride_kb + offs_n.to(tl.int64)[None, :] * stride_kt
+                         + (offs_h // REP)[:, None], mask=mask_h[:, None] & mask_n[None, :], other=0.0)
+            s = s * ks.to(tl.float32)
+        s = s * sm_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+        m_i = m_new
+
+    base = b * stride_ab + split * stride_as
+    tl.store(Acc + base + offs_h[:, None] * stride_ah + offs_r[None, :], acc,
+             mask=mask_h[:, None] & (offs_r[None, :] < R))
+    tl.store(M + b * stride_mb + split * stride_ms + offs_h, m_i, mask=mask_h)
+    tl.store(L + b * stride_mb + split * stride_ms + offs_h, l_i, mask=mask_h)
+
+
+def num_splits_for(batch: int, capacity: int) -> tuple[int, int]:
+    """(splits, tokens per split) for a cache of ``capacity`` slots: about TARGET_PROGRAMS programs in all,
+    each split a multiple of BLOCK_N tokens."""
+    blocks = triton.cdiv(capacity, BLOCK_N)
+    splits = max(1, min(blocks, triton.cdiv(TARGET_PROGRAMS, batch)))
+    per = triton.cdiv(blocks, splits) * BLOCK_N
+    return triton.cdiv(capacity, per), per
+
+
+def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor,
+                      scale: float, key_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton version of :func:`hylo_bench.kernels.mla_decode.reference.mla_decode_reference` (same arguments).
+
+    q_lat / q_rope are cast to the cache dtype (bf16 / fp16 / fp32 dot inputs, fp32 accumulation).
+
+    Returns:
+        [B, H, R] float32 latent outputs.
+    """
+    B, H, R = q_lat.shape
+    P = q_rope.shape[-1]
+    T = cache.shape[1]
+    if cache.stride(-1) != 1:
+        cache = cache.contiguous()
+    q_lat = q_lat.to(cache.dtype).contiguous()
+    q_rope = q_rope.to(cache.dtype).contiguous()
+    splits, per = num_splits_for(B, T)
+    acc = torch.empty(B, splits, H, R, dtype=torch.float32, device=cache.device)
+    m = torch.empty(B, splits, H, dtype=torch.float32, device=cache.device)
+    lsum = torch.empty_like(m)
+    ks = key_scale if key_scale is not None else cache  # dummy pointer when unused
+    if key_scale is not None and key_scale.stride(-1) != 1:
+        ks = key_scale = key_scale.contiguous()
+    rep = H // key_scale.shape[-1] if key_scale is not None else 1
+    _mla_decode_split_kernel[(B, splits)](
+        q_lat, q_rope, cache, ks, lengths, acc, m, lsum,
+        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), cache.stride(0), cache.stride(1),
+        ks.stride(0), ks.stride(1), acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
+        float(scale), per,
+        H=H, R=R, P=P, REP=rep, HAS_SCALE=key_scale is not None,
+        BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N=BLOCK_N, BLOCK_R=max(16, triton.next_power_of_2(R)),
+        BLOCK_P=max(16, triton.next_power_of_2(P)), num_warps=4, num_stages=2,
+    )
+    m_max = m.amax(dim=1, keepdim=True)  # split 0 always holds >= 1 token, so m_max is finite
+    w = torch.exp(m - m_max)  # [B, S, H]; 0 for empty splits (m = -inf)
+    num = (acc * w[..., None]).sum(dim=1)
+    den = (lsum * w).sum(dim=1)
+    return num / den[..., None]

@@ -1,0 +1,476 @@
+"""Native serving engine: preallocated caches, chunked prefill, greedy decode with measured TTFT / per-step times,
+for a ``HyLoForCausalLM`` (MLA latent cache + GDN / Mamba-2 states) and, as the baseline, a plain transformers
+Llama / Qwen3 causal LM (preallocated GQA K/V cache). Works on token ids only.
+
+Legend: B batch, T prompt tokens, Tm max context (cache capacity), D hidden, V vocab.
+
+Prefill runs in chunks of ``prefill_chunk`` tokens through every layer (bounded activations); only the last
+position's hidden state reaches the LM head, so [T, V] logits are never built. Decode feeds one token per
+sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.serving.mla_layer`),
+linear layers their recurrent step (:mod:`hylo_bench.serving.linear_layer`). With ``cuda_graphs=True`` (HyLo,
+CUDA only) the decode step is captured once per batch size and replayed. Timings synchronise the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from hylo_bench.serving.linear_layer import LinearServing
+from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
+
+logger = logging.getLogger(__name__)
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Timings:
+    """Measured times of one ``generate`` call (seconds) and peak device memory (GiB; None on CPU).
+
+    ``ttft_s``: prefill plus the first token (device synchronised); ``decode_step_s``: one entry per decode step
+    after the first token (CUDA events on GPU, wall clock on CPU).
+    """
+
+    batch_size: int
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    decode_step_s: list[float]
+    prefill_peak_gib: float | None = None
+    decode_peak_gib: float | None = None
+    cuda_graphs: bool = False
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Median time per output token after the first (s); None without decode steps."""
+        return statistics.median(self.decode_step_s) if self.decode_step_s else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decoded tokens per second over all sequences: B * steps / total decode time."""
+        total = sum(self.decode_step_s)
+        return self.batch_size * len(self.decode_step_s) / total if total > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"batch_size": self.batch_size, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+                "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "tokens_per_s": self.decode_tokens_per_s,
+                "prefill_tokens_per_s": self.batch_size * self.prompt_tokens / self.ttft_s if self.ttft_s else None,
+                "prefill_peak_gib": self.prefill_peak_gib, "decode_peak_gib": self.decode_peak_gib,
+                "cuda_graphs": self.cuda_graphs}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+
+
+class _EngineBase:
+    """Shared generate loop. Subclasses implement ``_prefill(ids, start) -> last hidden [B, 1, D]``,
+    ``_decode(tokens [B], positions [B]) -> next tokens [B]`` and ``reset()``."""
+
+    def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int):
+        for name, val in (("max_batch", max_batch), ("max_context", max_context), ("prefill_chunk", prefill_chunk)):
+            if val < 1:
+                raise ValueError(f"Engine {name} must be >= 1; got {val}")
+        self.model = model.eval()
+        self.max_batch, self.max_context, self.prefill_chunk = max_batch, max_context, prefill_chunk
+        self.device = next(model.parameters()).device
+        self.cuda_graphs = False
+
+    def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[int, int]:
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must be [B, T] with T >= 1 (equal-length prompts); got "
+                             f"{tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if B > self.max_batch:
+            raise ValueError(f"batch {B} > max_batch {self.max_batch}; build the Engine with max_batch >= {B}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if T + max_new_tokens - 1 > self.max_context:
+            raise ValueError(f"prompt {T} + {max_new_tokens} new tokens needs {T + max_new_tokens - 1} cache slots "
+                             f"> max_context {self.max_context}; build the Engine with a larger max_context")
+        return B, T
+
+    def _logits_to_token(self, hidden_B1D: torch.Tensor) -> torch.Tensor:
+        return self._lm_logits(hidden_B1D)[:, -1].argmax(-1)
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Chunked prefill of ``input_ids`` [B, T] from an empty cache; returns the last position's logits [B, V].
+
+        Raises:
+            ValueError: bad shapes or a prompt longer than ``max_context``.
+        """
+        _, T = self._check(input_ids, 1)
+        self.reset()
+        ids = input_ids.to(self.device)
+        hidden = None
+        for start in range(0, T, self.prefill_chunk):
+            hidden = self._prefill(ids[:, start:start + self.prefill_chunk], start)
+        return self._lm_logits(hidden)[:, -1]
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, Timings]:
+        """Greedy generation (no EOS stop: exactly ``max_new_tokens`` tokens per sequence).
+
+        Args:
+            input_ids: [B, T] int64 prompts of equal length (no padding), B <= max_batch.
+            max_new_tokens: tokens to generate (>= 1); T + max_new_tokens - 1 <= max_context.
+
+        Returns:
+            (tokens [B, max_new_tokens] int64 on CPU, :class:`Timings`).
+
+        Raises:
+            ValueError: bad shapes, batch or context beyond the engine's capacity.
+        """
+        B, T = self._check(input_ids, max_new_tokens)
+        dev = self.device
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        _sync(dev)
+        t0 = time.perf_counter()
+        logits = self.prefill(input_ids)
+        tok = logits.argmax(-1)
+        _sync(dev)
+        ttft = time.perf_counter() - t0
+        prefill_peak = _peak_gib(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        out = [tok]
+        pos = torch.full((B,), T, dtype=torch.long, device=dev)
+        self._prepare_decode(tok, pos)
+        steps = self._timed_decode(tok, pos, max_new_tokens - 1, out)
+        timings = Timings(batch_size=B, prompt_tokens=T, new_tokens=max_new_tokens, ttft_s=ttft, decode_step_s=steps,
+                          prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+        return torch.stack(out, dim=1).cpu(), timings
+
+    def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
+        """Hook run after prefill, before the timed decode loop (CUDA-graph capture)."""
+
+    def _timed_decode(self, tok: torch.Tensor, pos: torch.Tensor, n: int, out: list[torch.Tensor]) -> list[float]:
+        """Run n greedy decode steps from ``tok`` at ``pos`` [B], appending tokens to ``out``; seconds per step."""
+        dev = self.device
+        steps: list[float] = []
+        events = []
+        for _ in range(n):
+            if dev.type == "cuda":
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                tok = self._decode(tok, pos)
+                e1.record()
+                events.append((e0, e1))
+            else:
+                s0 = time.perf_counter()
+                tok = self._decode(tok, pos)
+                steps.append(time.perf_counter() - s0)
+            out.append(tok)
+            pos = pos + 1
+        _sync(dev)
+        if events:
+            steps = [a.elapsed_time(b) / 1e3 for a, b in events]
+        return steps
+
+    @torch.inference_mode()
+    def decode_benchmark(self, batch: int, context_tokens: int, steps: int, seed: int = 0) -> Timings:
+        """Decode ``steps`` tokens after a synthetic context: the caches are filled with random values instead of
+        running the prefill (decode cost does not depend on the values; Zebra-Llama's throughput benchmark does the
+        same). ``ttft_s`` is 0 (not measured).
+
+        Raises:
+            ValueError: batch or context beyond the engine's capacity.
+        """
+        self._check(torch.zeros(batch, context_tokens, dtype=torch.long), steps + 1)
+        dev = self.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        self._fill_synthetic(context_tokens, gen)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        tok = torch.randint(0, self.model.config.vocab_size, (batch,), device=dev, generator=gen)
+        pos = torch.full((batch,), context_tokens, dtype=torch.long, device=dev)
+        self._prepare_decode(tok, pos)
+        out: list[torch.Tensor] = []
+        step_s = self._timed_decode(tok, pos, steps, out)
+        return Timings(batch_size=batch, prompt_tokens=context_tokens, new_tokens=steps, ttft_s=0.0,
+                       decode_step_s=step_s, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+
+    @torch.inference_mode()
+    def time_prefill_chunk(self, batch: int, start: int, length: int, seed: int = 0) -> float:
+        """Seconds for one prefill chunk of ``length`` tokens at offset ``start`` (device synchronised), over
+        whatever the cache holds (use after :meth:`decode_benchmark` or a prefill). For TTFT estimates at contexts
+        whose full prefill is too slow: chunk cost grows linearly with the offset.
+        """
+        self._check(torch.zeros(batch, start + length, dtype=torch.long), 1)
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, self.model.config.vocab_size, (batch, length), generator=gen).to(self.device)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self._lm_logits(self._prefill(ids, start))
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+
+class Engine(_EngineBase):
+    """Serving engine for a ``HyLoForCausalLM``.
+
+    Caches (allocated once, here): per MLA layer a latent cache [max_batch, max_context, R + P] (+ [.., G] key
+    scales for Qwen3 q/k-norm models, see :mod:`hylo_bench.serving.mla_layer`); per GDN layer the recurrent state
+    [max_batch, H, K, Vd] fp32 + conv inputs; per Mamba-2 layer the SSM state [max_batch, H, P, N] + conv inputs.
+
+    Args:
+        model: ``HyLoForCausalLM`` (any device / dtype; bf16 on GPU in practice).
+        max_batch: most sequences per ``generate`` call.
+        max_context: cache capacity in tokens (prompt + new tokens - 1).
+        prefill_chunk: tokens per prefill chunk (bounds activation memory).
+        cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
+        mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
+        gdn_decode_backend: "auto", "torch" or "fla" (:class:`hylo_bench.serving.linear_layer.LinearServing`).
+
+    Raises:
+        ValueError: not a HyLo model (use :class:`TransformerEngine`), or non-positive sizes.
+        torch.cuda.OutOfMemoryError: the caches do not fit.
+    """
+
+    def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
+                 cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto"):
+        if not hasattr(getattr(model, "config", None), "mixer_types"):
+            raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
+                             f"TransformerEngine (or make_engine) for a plain transformer")
+        super().__init__(model, max_batch, max_context, prefill_chunk)
+        if cuda_graphs and self.device.type != "cuda":
+            logger.warning("cuda_graphs=True ignored: the model is on %s", self.device)
+            cuda_graphs = False
+        self.use_graphs = cuda_graphs
+        self.layers = list(model.model.layers)
+        self.mixers, self.slots = [], []
+        for layer in self.layers:
+            if layer.mixer_type == "mla":
+                srv = MLAServing(layer.mixer, decode_backend=mla_decode_backend)
+                slot = srv.new_slot(max_batch, max_context)
+            else:
+                srv = LinearServing(layer.mixer, layer.mixer_type, gdn_decode_backend=gdn_decode_backend)
+                slot = srv.new_state(max_batch)
+            self.mixers.append(srv)
+            self.slots.append(slot)
+        self._graphs: dict[int, tuple] = {}
+        self.graph_error: str | None = None
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes allocated for caches: ``{"mla_latent", "mla_key_scale", "linear_state"}``."""
+        out = {"mla_latent": 0, "mla_key_scale": 0, "linear_state": 0}
+        for slot in self.slots:
+            for name, t in self._slot_tensors(slot):
+                out[name] += t.numel() * t.element_size()
+        return out
+
+    @staticmethod
+    def _slot_tensors(slot):
+        from hylo_bench.serving.mla_layer import MLACacheSlot
+
+        if isinstance(slot, MLACacheSlot):
+            return [("mla_latent", slot.latent)] + ([("mla_key_scale", slot.key_scale)] if slot.key_scale is not None
+                                                     else [])
+        tensors: list[torch.Tensor] = []
+        from hylo_bench.models.cache import map_state
+
+        map_state(slot, lambda t: tensors.append(t) or t)
+        return [("linear_state", t) for t in tensors]
+
+    def _linear_tensors(self) -> list[torch.Tensor]:
+        return [t for slot in self.slots for name, t in self._slot_tensors(slot) if name == "linear_state"]
+
+    def reset(self) -> None:
+        """Zero the recurrent / conv states (latent rows are overwritten before they are read)."""
+        for t in self._linear_tensors():
+            t.zero_()
+
+    def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None) -> torch.Tensor:
+        """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B]."""
+        layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
+        x = layer.input_layernorm(h)
+        if isinstance(srv, MLAServing):
+            mixed = srv.prefill(x, slot, prefill_start) if pos is None else srv.decode(x, slot, pos)
+        else:
+            rows = self._rows(slot, h.shape[0])
+            mixed = srv.prefill(x, rows) if pos is None else srv.decode(x, rows)
+        h = h + mixed
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        h = self.model.model.embed_tokens(ids)
+        for i in range(len(self.layers)):
+            h = self._layer(i, h, start, None)
+        return h[:, -1:]
+
+    def _rows(self, state, B: int):
+        """A view of the first B rows of a linear state (in-place updates reach the preallocated buffers)."""
+        from hylo_bench.models.cache import map_state
+
+        return state if B == self.max_batch else map_state(state, lambda t: t[:B])
+
+    def _lm_logits(self, hidden_B1D: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.model.norm(hidden_B1D))
+
+    def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        h = self.model.model.embed_tokens(tok[:, None])
+        for i in range(len(self.layers)):
+            h = self._layer(i, h, None, pos)
+        return self._logits_to_token(h)
+
+    def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
+        from hylo_bench.serving.mla_layer import MLACacheSlot
+
+        self.reset()
+        for slot in self.slots:
+            if isinstance(slot, MLACacheSlot):
+                slot.latent[:, :context_tokens].normal_(generator=gen)
+                if slot.key_scale is not None:
+                    slot.key_scale[:, :context_tokens].fill_(1.0)
+
+    def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
+        if self.use_graphs and tok.shape[0] not in self._graphs:
+            saved = [t.clone() for t in self._linear_tensors()]
+            try:
+                self._graphs[tok.shape[0]] = self._capture(tok.shape[0], tok, pos)
+            except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: decode eagerly instead
+                self.use_graphs, self.graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
+                logger.warning("CUDA-graph capture failed, decoding eagerly: %s", self.graph_error)
+                torch.cuda.synchronize(self.device)
+            for dst, src in zip(self._linear_tensors(), saved):
+                dst.copy_(src)
+
+    def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        if not self.use_graphs:
+            return self._step(tok, pos)
+        B = tok.shape[0]
+        if B not in self._graphs:
+            self._graphs[B] = self._capture(B, tok, pos)
+        graph, s_tok, s_pos, s_out = self._graphs[B]
+        s_tok.copy_(tok)
+        s_pos.copy_(pos)
+        graph.replay()
+        return s_out.clone()
+
+    def _capture(self, B: int, tok: torch.Tensor, pos: torch.Tensor):
+        """Capture ``_step`` for batch B. Warm-up and capture run real steps, so the caller saves the linear states
+        first and restores them afterwards (the latent row they write at ``pos`` is rewritten by the real step)."""
+        s_tok, s_pos = tok.clone(), pos.clone()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # Triton compile / autotune outside the capture
+                self._step(s_tok, s_pos)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            s_out = self._step(s_tok, s_pos)
+        self.cuda_graphs = True
+        logger.info("decode step captured in a CUDA graph (batch %d)", B)
+        return graph, s_tok, s_pos, s_out
+
+
+class TransformerEngine(_EngineBase):
+    """Baseline engine for a plain transformers Llama / Qwen3 causal LM (GQA attention, rotate-half RoPE).
+
+    Uses the model's own modules (norms, projections, Qwen3 q/k norms, rotary embedding, MLP) with a preallocated
+    K/V cache [max_batch, n_kv, max_context, d_h] per layer (bf16 on GPU: L * 2 * n_kv * d_h * 2 bytes per token,
+    the backbone row of ``hylo-bench kv``). Prefill chunks attend over the cached prefix with SDPA (lower-right
+    causal mask, GQA without repeating K/V: flash on GPU); decode attends over the filled prefix. Eager only.
+
+    Raises:
+        ValueError: a model whose layers lack ``self_attn.{q,k,v,o}_proj``.
+    """
+
+    def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
+                 cuda_graphs: bool = False):
+        super().__init__(model, max_batch, max_context, prefill_chunk)
+        if cuda_graphs:
+            logger.warning("cuda_graphs=True is not supported by TransformerEngine; decoding eagerly")
+        inner = model.model
+        self.layers = list(inner.layers)
+        attn = self.layers[0].self_attn
+        if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            raise ValueError(f"{type(model).__name__}: TransformerEngine needs Llama/Qwen3-style attention "
+                             f"(self_attn.q_proj/k_proj/v_proj/o_proj)")
+        cfg = model.config
+        self.d_h = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.n_h = cfg.num_attention_heads
+        self.apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        w = attn.q_proj.weight
+        shape = (max_batch, self.n_kv, max_context, self.d_h)
+        self.k_cache = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in self.layers]
+        self.length = 0
+
+    def cache_bytes(self) -> dict[str, int]:
+        """``{"kv": bytes}`` of the preallocated K/V cache."""
+        return {"kv": sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)}
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
+        for t in self.k_cache + self.v_cache:
+            t[:, :, :context_tokens].normal_(generator=gen)
+        self.length = context_tokens
+
+    def _attn(self, i: int, x: torch.Tensor, pos: torch.Tensor, start: int) -> torch.Tensor:
+        attn = self.layers[i].self_attn
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, self.n_h, self.d_h)
+        k = attn.k_proj(x).view(B, T, self.n_kv, self.d_h)
+        v = attn.v_proj(x).view(B, T, self.n_kv, self.d_h).transpose(1, 2)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = self.model.model.rotary_emb(x, pos)
+        q, k = self.apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        S = start + T
+        self.k_cache[i][:B, :, start:S] = k
+        self.v_cache[i][:B, :, start:S] = v
+        k, v, gqa = self.k_cache[i][:B, :, :S], self.v_cache[i][:B, :, :S], self.n_kv != self.n_h
+        if gqa and T > 1 and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):
+            rep = self.n_h // self.n_kv
+            k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+        mask = None if (start == 0 or T == 1) else causal_lower_right(T, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0 and T > 1,
+                                             scale=attn.scaling, enable_gqa=gqa)
+        return attn.o_proj(out.transpose(1, 2).reshape(B, T, self.n_h * self.d_h))
+
+    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        B, T = ids.shape
+        pos = torch.arange(start, start + T, device=ids.device).expand(B, T)
+        h = self.model.model.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attn(i, layer.input_layernorm(h), pos, start)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        self.length = start + T
+        return h[:, -1:]
+
+    def _prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self._forward(ids, start)
+
+    def _lm_logits(self, hidden_B1D: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.model.norm(hidden_B1D))
+
+    def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._logits_to_token(self._forward(tok[:, None], self.length))
+
+
+def make_engine(model, max_batch: int, max_context: int, prefill_chunk: int = 8192, **kw):
+    """:class:`Engine` for a HyLo model, :class:`TransformerEngine` for anything else (``cuda_graphs`` is
+    passed to both; the backend switches only to :class:`Engine`)."""
+    if hasattr(getattr(model, "config", None), "mixer_types"):
+        return Engine(model, max_batch, max_context, prefill_chunk, **kw)
+    return TransformerEngine(model, max_batch, max_context, prefill_chunk,
+                             cuda_graphs=kw.get("cuda_graphs", False))

@@ -1,0 +1,195 @@
+"""MLA over a preallocated latent cache, for the serving engine: chunked prefill (decompress the cached prefix,
+SDPA) and absorbed-weight decode (checkpoint-format.md §5.1, §6). Uses an ``MLA`` module's weights, never
+changes them.
+
+Legend: B batch, T new tokens, S keys (cached prefix + new), Tm cache capacity, D hidden, H query heads,
+G KV heads of kv_b_proj (n_kvm), N = qk_nope_head_dim, P = qk_rope_head_dim, V = v_head_dim, R = kv_lora_rank.
+
+Cache row per token: ``[c_KV (R) ; kr (P)]`` with ``kr = RoPE(k_pe)`` stored after RoPE (§6).
+Qwen3 q/k norms (§4.3 (d)): the key norm is an RMSNorm over the assembled key ``[k_nope_g ; k_pe]`` of KV head g,
+``k = w * x / rms(x)``. RoPE is linear and ``rms`` is a per-token, per-group scalar, so with
+``kr = RoPE(w_P * k_pe)`` and ``W_UK' = w_N * W_UK`` the normalised key is ``[W_UK'[g] c ; kr] / rms_g`` exactly.
+The engine therefore caches ``key_scale = 1 / rms_g`` ([B, Tm, G], G numbers per token and layer) next to the
+latent and folds ``w_N`` into the absorbed query: the absorbed decode stays exact with q/k norms, at the cost of
+G extra cache elements per token (2.5 % for Qwen 7MLA: 8 on top of 320).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from hylo_bench.kernels.mla_decode import mla_decode
+
+
+@dataclass
+class MLACacheSlot:
+    """Preallocated cache of one MLA layer.
+
+    Attributes:
+        latent: [B, Tm, R + P] c_KV then the post-RoPE rope key, in the model dtype.
+        key_scale: [B, Tm, G] inverse RMS of the assembled key per KV group (q/k-norm models), else None.
+    """
+
+    latent: torch.Tensor
+    key_scale: torch.Tensor | None
+
+
+def _rms_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2, -1) + eps) in float32 (float64 for float64), as LlamaRMSNorm computes it."""
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.rsqrt(x.to(dt).pow(2).mean(-1) + eps)
+
+
+def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of the last dim of ``x`` [..., P] by cos/sin [..., P/2] (broadcast); x's dtype out.
+
+    Same convention as :func:`hylo_bench.models.rope.apply_rope_interleaved` (checkpoint-format.md §5.2).
+    """
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x2 = x.to(dt).unflatten(-1, (-1, 2))
+    x0, x1 = x2[..., 0], x2[..., 1]
+    c, s = cos.to(dt), sin.to(dt)
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(x.dtype)
+
+
+def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether SDPA's flash kernel takes these GQA inputs (else a lower-right mask could be materialised)."""
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    try:
+        return bool(can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True)))
+    except (TypeError, RuntimeError):  # older SDPAParams signature
+        return False
+
+
+class MLAServing:
+    """Prefill / decode of one ``hylo_bench.models.mla.MLA`` module over an :class:`MLACacheSlot`.
+
+    Precomputes the inference-only absorbed weights (never saved, §6 step 1): ``w_uk`` [G, N, R] (times the
+    key norm's nope weight for q/k-norm models) and ``w_uv`` [G, V, R], and the rotary inverse frequencies on the
+    module's device (so decode needs no host-to-device copies and can be captured in a CUDA graph).
+
+    Args:
+        mla: the MLA module (``hylo_bench.models.mla.MLA``).
+        decode_backend: "auto", "torch" or "triton" (see :func:`hylo_bench.kernels.mla_decode.mla_decode`).
+    """
+
+    def __init__(self, mla, decode_backend: str = "auto"):
+        self.m = mla
+        w = mla.kv_b_proj.weight
+        self.G, self.H, self.N, self.P, self.V, self.R = (mla.num_kv_heads, mla.num_heads, mla.nope_dim,
+                                                          mla.rope_dim, mla.v_dim, mla.kv_rank)
+        kv_b = w.detach().view(self.G, self.N + self.V, self.R)
+        w_uk, self.w_uv = kv_b[:, : self.N], kv_b[:, self.N:]
+        self.qk_norm = mla.use_qk_norm
+        if self.qk_norm:
+            kw = mla.k_norm.weight.detach()
+            w_uk = w_uk * kw[: self.N, None].to(w_uk.dtype)
+            self.k_pe_weight = kw[self.N:]
+        self.w_uk = w_uk.contiguous()
+        self.inv_freq = mla.rotary.inv_freq.to(device=w.device)
+        self.mscale = mla.rotary.mscale
+        self.decode_backend = decode_backend
+
+    def new_slot(self, batch: int, capacity: int) -> MLACacheSlot:
+        """Zero cache for ``batch`` sequences of up to ``capacity`` tokens (model dtype and device)."""
+        w = self.m.kv_a_proj_with_mqa.weight
+        lat = torch.zeros(batch, capacity, self.R + self.P, dtype=w.dtype, device=w.device)
+        ks = torch.zeros(batch, capacity, self.G, dtype=w.dtype, device=w.device) if self.qk_norm else None
+        return MLACacheSlot(lat, ks)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] -> cos, sin [B, T, P/2] float32, times the YaRN mscale (§5.3)."""
+        f = positions.to(torch.float32)[..., None] * self.inv_freq
+        return f.cos() * self.mscale, f.sin() * self.mscale
+
+    def _queries(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] -> (q_nope [B, H, T, N], rotated q_pe [B, H, T, P]) with the q norm applied."""
+        q = self.m._queries(x)
+        if self.qk_norm:
+            q = self.m.q_norm(q)
+        return q[..., : self.N], rope_interleaved(q[..., self.N:], cos[:, None], sin[:, None])
+
+    def _new_rows(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cache rows [B, T, R + P] and key scales [B, T, G] (or None) of the new tokens."""
+        lat = self.m.kv_a_proj_with_mqa(x)
+        c, k_pe = lat[..., : self.R], lat[..., self.R:]
+        if hasattr(self.m, "kv_a_layernorm"):
+            c = self.m.kv_a_layernorm(c)
+        ks = None
+        if self.qk_norm:
+            k_nope = F.linear(c, self.m.kv_b_proj.weight).unflatten(-1, (self.G, self.N + self.V))[..., : self.N]
+            raw = torch.cat([k_nope, k_pe[..., None, :].expand(*k_nope.shape[:-1], self.P)], dim=-1)
+            ks = _rms_inv(raw, self.m.k_norm.variance_epsilon).to(x.dtype)  # [B, T, G]
+            k_pe = k_pe * self.k_pe_weight.to(k_pe.dtype)
+        kr = rope_interleaved(k_pe, cos, sin)
+        return torch.cat([c, kr], dim=-1), ks
+
+    def prefill(self, x: torch.Tensor, slot: MLACacheSlot, start: int) -> torch.Tensor:
+        """Process tokens at positions ``start .. start + T - 1`` (same for every row), writing their cache rows.
+
+        Keys and values of the whole prefix are decompressed from the cache (transient [B, G, S, N + P] and
+        [B, G, S, V]); attention is SDPA with a lower-right causal mask (flash / memory-efficient kernels on GPU,
+        GQA without repeating KV heads). Never materialises [T, S] scores on GPU.
+
+        Args:
+            x: [B, T, D] normalised layer input. slot: this layer's cache. start: tokens already cached.
+
+        Returns:
+            [B, T, D] mixer output (before the residual add).
+        """
+        B, T, _ = x.shape
+        S = start + T
+        pos = torch.arange(start, S, device=x.device).expand(B, T)
+        cos, sin = self._cos_sin(pos)
+        q_nope, q_pe = self._queries(x, cos, sin)
+        rows, ks = self._new_rows(x, cos, sin)
+        slot.latent[:B, start:S] = rows
+        if ks is not None:
+            slot.key_scale[:B, start:S] = ks
+        prefix = slot.latent[:B, :S]
+        kv = F.linear(prefix[..., : self.R], self.m.kv_b_proj.weight).unflatten(-1, (self.G, self.N + self.V))
+        k_nope, v = kv.transpose(1, 2).split([self.N, self.V], dim=-1)  # [B, G, S, N], [B, G, S, V]
+        if self.qk_norm:
+            k_nope = k_nope * self.m.k_norm.weight[: self.N].to(k_nope.dtype)
+        k = torch.cat([k_nope, prefix[:, None, :, self.R:].expand(B, self.G, S, self.P)], dim=-1)
+        if ks is not None:
+            k.mul_(slot.key_scale[:B, :S].transpose(1, 2)[..., None])  # in place: k is a fresh [B, G, S, N + P]
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        gqa = self.G != self.H
+        if gqa and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):
+            rep = self.H // self.G  # no flash with GQA here: repeat K/V heads (memory-efficient kernel, no T x S)
+            k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+        mask = None if start == 0 else causal_lower_right(T, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0, scale=self.m.scale,
+                                             enable_gqa=gqa)
+        return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
+
+    def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor) -> torch.Tensor:
+        """One token per sequence in absorbed-weight form (§6): writes its cache row at ``positions`` and attends
+        over rows ``0 .. positions[b]`` through :func:`mla_decode`. No host synchronisation (graph-capturable).
+
+        Args:
+            x: [B, 1, D] normalised layer input. slot: this layer's cache. positions: [B] int64 on x's device.
+
+        Returns:
+            [B, 1, D] mixer output.
+        """
+        B = x.shape[0]
+        cos, sin = self._cos_sin(positions[:, None])
+        q_nope, q_pe = self._queries(x, cos, sin)  # [B, H, 1, N], [B, H, 1, P]
+        rows, ks = self._new_rows(x, cos, sin)  # [B, 1, R + P], [B, 1, G]
+        b_idx = torch.arange(B, device=x.device)
+        slot.latent[b_idx, positions] = rows[:, 0]
+        if ks is not None:
+            slot.key_scale[b_idx, positions] = ks[:, 0]
+        rep = self.H // self.G
+        q_lat = torch.einsum("bgrn,gnc->bgrc", q_nope[:, :, 0].unflatten(1, (self.G, rep)), self.w_uk.to(x.dtype))
+        o_lat = mla_decode(q_lat.flatten(1, 2), q_pe[:, :, 0], slot.latent[:B], positions + 1, scale=self.m.scale,
+                           key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
+        o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
+        return self.m.out_proj(o.reshape(B, 1, self.H * self.V))

@@ -1,0 +1,305 @@
+"""``hylo-bench sweep``: serving benchmarks over contexts x batch sizes, one subprocess per point, tidy records.
+
+Each point (model, backend, context, batch) runs in its own ``python -m hylo_bench.serving.sweep_worker`` process,
+so an out-of-memory point cannot poison the next. Records (TTFT s, decode tokens/s, TPOT s, peak memory GiB,
+memory-model prediction, ``status`` ok | oom | error | timeout | skipped) are appended to a benchmark-format JSON
+(``{"benchmark", "kind": "sweep", "git_sha", "device", "versions", "records": [...]}``, atomic rewrite after every
+point) and ingested into the results store after every point (kind ``sweep``: re-imports extend, never duplicate).
+This process never touches the GPU itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import importlib.metadata as md
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hylo_bench.io_utils import atomic_write_json, git_sha
+
+logger = logging.getLogger(__name__)
+BACKENDS = ("native", "hf", "vllm")
+VLLM_HINT = "pip install 'hylo-bench[vllm]' (vLLM >= 0.26 with the hylo-bench vLLM plugin)"
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SweepConfig:
+    """One ``hylo-bench sweep``.
+
+    Attributes:
+        model: checkpoint directory, hub id, ``demo``, or a recipe name (random weights of the real shapes).
+        contexts_tokens: prompt lengths (tokens).
+        batch_sizes: sequences per point.
+        out: results JSON path (benchmark format).
+        backend: ``native`` (hylo-bench engine), ``hf`` (eager transformers loop) or ``vllm``.
+        baseline: a second model swept the same way: ``backbone`` (the recipe's backbone, random weights, when
+            ``model`` is a recipe), a recipe-qualified ``backbone:<recipe>``, or a checkpoint / hub id.
+        decode_steps: tokens generated per point (TPOT over all but the first).
+        prefill_chunk_tokens: native engine prefill chunk.
+        cuda_graphs: capture the native decode step in a CUDA graph (HyLo models on CUDA).
+        find_max: after the grid, search the largest context that fits per (model, batch): doubling from the
+            largest one that fitted, then bisection down to ``find_max_resolution_tokens``.
+        stop_after_oom: skip larger contexts of a (model, batch) series once one OOMs (recorded as skipped).
+        device, dtype: passed to the workers (default: cuda if available; bf16 on GPU, fp32 on CPU).
+        point_timeout_s: wall-clock limit per point (status ``timeout``).
+        db: results store (path or URL; default: see ``hylo_bench.reports.store.resolve_url``); ``store=False``
+            writes only the JSON.
+    """
+
+    model: str
+    contexts_tokens: list[int]
+    batch_sizes: list[int]
+    out: Path
+    backend: str = "native"
+    baseline: str | None = None
+    decode_steps: int = 128
+    prefill_chunk_tokens: int = 8192
+    cuda_graphs: bool = False
+    find_max: bool = False
+    find_max_resolution_tokens: int = 1024
+    find_max_limit_tokens: int = 2 ** 26
+    stop_after_oom: bool = True
+    device: str | None = None
+    dtype: str | None = None
+    point_timeout_s: float = 1800.0
+    db: str | None = None
+    store: bool = True
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if not self.contexts_tokens or min(self.contexts_tokens) < 1:
+            raise ValueError(f"--contexts: need at least one positive length, got {self.contexts_tokens}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"--batch: need at least one positive batch size, got {self.batch_sizes}")
+        for name in ("decode_steps", "prefill_chunk_tokens", "find_max_resolution_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self.out = Path(self.out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v)
+                for f in dataclasses.fields(self)}
+
+
+def check_backend(backend: str) -> None:
+    """Raise a clear error when the backend's dependencies are missing.
+
+    Raises:
+        ValueError: ``vllm`` without vLLM installed (names the extra), or without the hylo-bench vLLM plugin.
+    """
+    if backend != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"--backend vllm needs vLLM, which is not installed: {VLLM_HINT}; or use --backend native")
+    if importlib.util.find_spec("hylo_bench.serving.vllm_plugin") is None:
+        raise ValueError("--backend vllm needs the hylo-bench vLLM plugin (hylo_bench.serving.vllm_plugin), which "
+                         "this build does not include; use --backend native")
+    raise ValueError("--backend vllm: sweep points through vLLM are not implemented in this build; use native")
+
+
+def resolve_baseline(model: str, baseline: str | None) -> str | None:
+    """``backbone`` -> ``backbone:<recipe>`` when ``model`` is a recipe name; anything else unchanged.
+
+    Raises:
+        ValueError: ``backbone`` for a model that is not a recipe name.
+    """
+    if baseline != "backbone":
+        return baseline
+    from hylo_bench.upcycle import recipes as R
+
+    if Path(model).expanduser().exists() or R.find_recipe(model) is None:
+        raise ValueError(f"--baseline backbone needs a recipe name as CKPT (got {model!r}); pass the backbone "
+                         f"checkpoint instead, e.g. --baseline Qwen/Qwen3-1.7B")
+    return f"backbone:{model}"
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in ("torch", "transformers", "triton", "flash-linear-attention", "fla-core", "vllm"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def new_envelope(cfg: SweepConfig) -> dict[str, Any]:
+    """The results JSON before any record: benchmark envelope + ``kind: sweep``, a sweep id and the config."""
+    return {"benchmark": "sweep", "kind": "sweep", "sweep_id": uuid.uuid4().hex, "model": cfg.model,
+            "baseline": cfg.baseline, "backend": cfg.backend, "git_sha": git_sha(), "device": None,
+            "versions": _versions(), "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": cfg.to_dict(), "records": []}
+
+
+def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one point in a fresh ``sweep_worker`` process; always returns a record (with ``status``)."""
+    with tempfile.TemporaryDirectory(prefix="hylo-sweep-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        cmd = [sys.executable, "-m", "hylo_bench.serving.sweep_worker", str(spec_path), str(out_path)]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "error": f"point exceeded {timeout_s:.0f} s", "wall_s": timeout_s}
+        if out_path.is_file():
+            rec = json.loads(out_path.read_text(encoding="utf-8"))
+            if rec.get("status") == "error":
+                logger.warning("point failed: %s\n%s", rec.get("error"), proc.stderr[-2000:])
+            return rec
+        killed = proc.returncode in (-9, 137)
+        tail = proc.stderr.strip().splitlines()[-1:] or [""]
+        return {"status": "oom" if killed else "error", "wall_s": time.perf_counter() - t0,
+                "error": ("worker killed (SIGKILL: host out of memory?)" if killed else
+                          f"worker exited with code {proc.returncode}: {tail[0]}")[:500]}
+
+
+class SweepRun:
+    """Runs the points of one sweep, saving the JSON and the store after every record."""
+
+    def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None):
+        self.cfg = cfg
+        self.env = new_envelope(cfg)
+        self.on_record = on_record
+        self.engine = None
+        if cfg.store:
+            from hylo_bench.reports.store import open_store
+
+            self.engine = open_store(cfg.db)
+
+    def save(self) -> None:
+        atomic_write_json(self.cfg.out, self.env)
+        if self.engine is not None:
+            from hylo_bench.reports.ingest import parse_object
+            from hylo_bench.reports.store import save_runs
+
+            save_runs(self.engine, [parse_object(self.env, str(self.cfg.out))])
+
+    def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid") -> dict[str, Any]:
+        c = self.cfg
+        spec = {"model": spec_model, "backend": c.backend, "seq_len": seq_len, "batch_size": batch,
+                "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": c.cuda_graphs,
+                "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0}
+        rec = run_worker(spec, c.point_timeout_s)
+        return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
+                         "point": kind, "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})
+
+    def add(self, rec: dict[str, Any]) -> dict[str, Any]:
+        rec = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
+        self.env["records"].append(rec)
+        if self.env["device"] is None and rec.get("device"):
+            self.env["device"] = rec["device"]
+        self.save()
+        if self.on_record is not None:
+            self.on_record(rec)
+        return rec
+
+    def find_max(self, series: str, spec_model: str, batch: int, ok: list[int], bad: list[int]) -> int | None:
+        """Largest context that fits (status ok), doubling then bisecting; records each probe and the result."""
+        c = self.cfg
+        lo = max(ok, default=0)
+        hi = min((t for t in bad if t > lo), default=None)
+        if lo == 0 and hi is None:
+            return None
+        while hi is None:
+            t = lo * 2
+            if t > c.find_max_limit_tokens:
+                break
+            if self.point(series, spec_model, t, batch, "probe")["status"] == "ok":
+                lo = t
+            else:
+                hi = t
+        while hi is not None and hi - lo > c.find_max_resolution_tokens:
+            mid = (lo + hi) // 2 // c.find_max_resolution_tokens * c.find_max_resolution_tokens
+            if mid <= lo:
+                break
+            if self.point(series, spec_model, mid, batch, "probe")["status"] == "ok":
+                lo = mid
+            else:
+                hi = mid
+        self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend, "point": "max",
+                  "seq_len": lo, "batch_size": batch, "max_context_tokens": lo, "first_failed_tokens": hi,
+                  "resolution_tokens": c.find_max_resolution_tokens, "status": "ok" if lo else "oom"})
+        return lo
+
+
+def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the sweep; returns the results envelope (also written to ``cfg.out`` and the store).
+
+    Raises:
+        ValueError: a bad backend / baseline (before any point runs).
+    """
+    check_backend(cfg.backend)
+    baseline = resolve_baseline(cfg.model, cfg.baseline)
+    sweep = SweepRun(cfg, on_record)
+    sweep.save()
+    series = [("model", cfg.model)] + ([("baseline", baseline)] if baseline else [])
+    for name, spec_model in series:
+        for batch in cfg.batch_sizes:
+            ok, bad, errors = [], [], []
+            for seq_len in sorted(cfg.contexts_tokens):
+                if bad and cfg.stop_after_oom:
+                    sweep.add({"model": spec_model, "series": name, "spec": spec_model, "backend": cfg.backend,
+                               "point": "grid", "seq_len": seq_len, "batch_size": batch, "status": "skipped",
+                               "error": f"{min(bad)} tokens already did not fit"})
+                    continue
+                rec = sweep.point(name, spec_model, seq_len, batch)
+                {"ok": ok, "oom": bad, "timeout": bad}.get(rec["status"], errors).append(seq_len)
+            if cfg.find_max and errors:
+                logger.warning("%s B=%d: no --find-max search, points failed with errors at %s", name, batch, errors)
+            elif cfg.find_max:
+                sweep.find_max(name, spec_model, batch, ok, bad)
+    return sweep.env
+
+
+def points_total(cfg: SweepConfig) -> int:
+    """Grid points of the sweep (probes of ``find_max`` not included)."""
+    return len(cfg.contexts_tokens) * len(cfg.batch_sizes) * (2 if cfg.baseline else 1)
+
+
+def format_record(rec: dict[str, Any]) -> str:
+    """One line per record for the console."""
+    def f(key: str, fmt: str) -> str:
+        v = rec.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    head = f"{rec.get('series')} B={rec.get('batch_size')} T={rec.get('seq_len')} ({rec.get('point')})"
+    if rec.get("status") != "ok":
+        return f"{head}: {rec.get('status')} {rec.get('error') or ''}".rstrip()
+    if rec.get("point") == "max":
+        return f"{head}: largest context that fits {rec.get('max_context_tokens')} tokens"
+    return (f"{head}: ttft {f('ttft_s', '.3f')} s, tpot {f('tpot_s', '.4f')} s, {f('tokens_per_s', '.1f')} tok/s, "
+            f"peak {f('peak_memory_gib', '.2f')} GiB (model {f('kv_model_gib', '.2f')} GiB)")
+
+
+def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
+    """``runner(cfg, on_record)`` with a rich progress bar over the grid points and one line per record."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    check_backend(cfg.backend)  # fail before the progress bar appears
+    resolve_baseline(cfg.model, cfg.baseline)
+    with Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("points", total=points_total(cfg))
+
+        def on_record(rec: dict[str, Any]) -> None:
+            progress.console.print(format_record(rec), markup=False, highlight=False)
+            if rec.get("point") == "grid":
+                progress.advance(task)
+
+        return runner(cfg, on_record)

@@ -1,0 +1,163 @@
+"""One serving-sweep point in its own process: build / load the model, run the engine, write one flat record.
+
+Usage (what :mod:`hylo_bench.serving.sweep` runs): ``python -m hylo_bench.serving.sweep_worker SPEC.json OUT.json``.
+A ``torch.cuda.OutOfMemoryError`` becomes ``status: "oom"``; any other exception ``status: "error"``.
+Test hook: ``HYLO_BENCH_SWEEP_OOM_AT=<tokens>`` raises a simulated OutOfMemoryError for points with
+``seq_len >= tokens`` (after the model is built), so CPU tests can exercise the OOM path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+OOM_HOOK_ENV = "HYLO_BENCH_SWEEP_OOM_AT"
+GIB = 2 ** 30
+
+
+def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> dict[str, float | None]:
+    """``hylo-bench kv`` memory-model predictions (GiB) for bf16 weights and caches."""
+    import torch
+
+    from hylo_bench.serving import memory as M
+
+    n = sum(p.numel() for p in model.parameters())
+    n_fp32 = sum(p.numel() for p in model.parameters() if p.dtype == torch.float32)
+    cfg = info["config"]
+    if info["kind"] == "hybrid":
+        est = M.estimate(cfg, weight_params=n, fp32_params=n_fp32)
+        kw = dict(weight_bytes=est["weight_bytes"], batch=batch, tokens=tokens,
+                  state_bytes_per_sequence=est["state_bytes_per_sequence"])
+        pure = M.serving_peak_bytes(kv_bytes_per_token=est["kv_cache_bytes_per_token"], **kw)
+        engine = M.serving_peak_bytes(kv_bytes_per_token=est["kv_cache_bytes_per_token"]
+                                      + M.engine_extra_bytes_per_token(cfg), **kw)
+    else:
+        d_h = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * d_h * M.BF16_BYTES
+        pure = engine = M.serving_peak_bytes(weight_bytes=n * M.BF16_BYTES, batch=batch, tokens=tokens,
+                                             kv_bytes_per_token=kv)
+    return {"kv_model_gib": pure / GIB, "kv_model_engine_gib": engine / GIB}
+
+
+def _hf_generate_timed(model, ids, steps: int):
+    """Eager transformers loop (the ``hf`` backend): one full prefill forward with ``logits_to_keep=1``, then
+    one forward per token with the model's own cache. Returns (tokens [B, steps], Timings)."""
+    import torch
+
+    from hylo_bench.serving.engine import Timings, _peak_gib, _sync
+
+    dev = ids.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    with torch.inference_mode():
+        _sync(dev)
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        tok = out.logits[:, -1].argmax(-1)
+        _sync(dev)
+        ttft = time.perf_counter() - t0
+        prefill_peak = _peak_gib(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        cache, toks, steps_s = out.past_key_values, [tok], []
+        for _ in range(steps - 1):
+            _sync(dev)
+            s0 = time.perf_counter()
+            out = model(input_ids=tok[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1)
+            _sync(dev)
+            steps_s.append(time.perf_counter() - s0)
+            toks.append(tok)
+    return torch.stack(toks, 1).cpu(), Timings(batch_size=ids.shape[0], prompt_tokens=ids.shape[1], new_tokens=steps,
+                                               ttft_s=ttft, decode_step_s=steps_s, prefill_peak_gib=prefill_peak,
+                                               decode_peak_gib=_peak_gib(dev))
+
+
+def run_point(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
+
+    Spec keys: ``model`` (see :func:`hylo_bench.serving.build.build_model`), ``backend`` ("native" | "hf"),
+    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``device``, ``dtype``,
+    ``warmup`` (bool), ``seed``.
+    """
+    import torch
+
+    from hylo_bench.generate import parse_dtype
+    from hylo_bench.models.loading import default_device, default_dtype
+    from hylo_bench.serving.build import build_model
+    from hylo_bench.serving.engine import make_engine
+
+    device = spec.get("device") or default_device()
+    dtype = parse_dtype(spec.get("dtype")) or default_dtype(device)
+    T, B, steps = spec["seq_len"], spec["batch_size"], spec["decode_steps"]
+    t0 = time.perf_counter()
+    model, info = build_model(spec["model"], device, dtype)
+    rec: dict[str, Any] = {"model": info["name"], "layout": info["layout"], "kind": info["kind"],
+                           "weights": info["weights"], "device": torch.cuda.get_device_name(device)
+                           if device.startswith("cuda") else "cpu", "dtype": str(dtype).removeprefix("torch."),
+                           "build_s": time.perf_counter() - t0}
+    rec.update(memory_model_gib(model, info, B, T + steps))
+    hook = os.environ.get(OOM_HOOK_ENV)
+    if hook and T >= int(hook):
+        raise torch.cuda.OutOfMemoryError(f"simulated by {OOM_HOOK_ENV}={hook}")
+    gen = torch.Generator().manual_seed(spec.get("seed", 0))
+    ids = torch.randint(0, model.config.vocab_size, (B, T), generator=gen).to(device)
+    if spec["backend"] == "hf":
+        if spec.get("warmup", True):
+            _hf_generate_timed(model, ids[:, : min(T, 64)], 2)
+        _, timings = _hf_generate_timed(model, ids, steps)
+        rec["engine"] = "transformers-eager"
+    else:
+        engine = make_engine(model, B, T + steps, spec["prefill_chunk"], cuda_graphs=spec.get("cuda_graphs", False))
+        rec["kv_cache_gib"] = sum(engine.cache_bytes().values()) / GIB
+        w0 = time.perf_counter()
+        if spec.get("warmup", True):  # compiles / autotunes kernels and captures the decode graph
+            engine.generate(ids[:, : min(T, spec["prefill_chunk"])], min(steps, 3))
+        rec["warmup_s"] = time.perf_counter() - w0
+        _, timings = engine.generate(ids, steps)
+        rec["engine"] = type(engine).__name__
+        rec["graph_error"] = getattr(engine, "graph_error", None)
+    rec.update(timings.to_dict())
+    peaks = [p for p in (timings.prefill_peak_gib, timings.decode_peak_gib) if p is not None]
+    rec["peak_memory_gib"] = max(peaks) if peaks else None
+    if timings.decode_peak_gib is not None and dtype == torch.bfloat16:
+        for key in ("kv_model", "kv_model_engine"):
+            rec[f"{key}_err_pct"] = 100.0 * (timings.decode_peak_gib - rec[f"{key}_gib"]) / rec[f"{key}_gib"]
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    out_path = argv[1]
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {}
+    try:
+        rec = run_point(spec)
+        rec["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
+        import torch
+
+        rec["status"] = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+        rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        if rec["status"] == "error":
+            traceback.print_exc()
+    rec["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    rec["peak_memory_source"] = "cuda_max_allocated" if rec.get("peak_memory_gib") is not None else "rss"
+    if rec["status"] == "ok" and rec.get("peak_memory_gib") is None:  # CPU: the process's peak RSS
+        rec["peak_memory_gib"] = rec["peak_rss_gib"]
+    rec["wall_s"] = time.perf_counter() - t0
+    from hylo_bench.io_utils import atomic_write_json
+
+    atomic_write_json(out_path, rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

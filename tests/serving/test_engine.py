@@ -1,0 +1,202 @@
+"""Native serving engine: greedy tokens equal HyLoForCausalLM.generate (MLA+GDN, MLA+Mamba-2, q/k norms, batch 1
+and 2, chunked prefill), absorbed MLA decode equals the unabsorbed module in float64, baseline engine equals
+transformers' generate, caches are preallocated with the documented sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.serving.engine import Engine, TransformerEngine, make_engine
+from hylo_bench.serving.mla_layer import MLAServing
+from tests.conftest import make_base, tiny_hybrid_config
+
+
+@pytest.fixture
+def rope_float64(monkeypatch):
+    """The model's RoPE and RMSNorms compute in float32 even for float64 inputs; float64 checks use the same
+    maths (adjacent-pair rotation, checkpoint-format.md §5.2; weight * x / rms) kept in float64."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from hylo_bench.serving.mla_layer import rope_interleaved
+
+    monkeypatch.setattr("hylo_bench.models.mla.apply_rope_interleaved",
+                        lambda x, cos, sin: rope_interleaved(x, cos[:, None], sin[:, None]))
+
+    def rms_norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", rms_norm)
+
+
+LAYOUTS = {
+    "gdn": dict(),
+    "mamba": dict(linear_type="mamba"),
+    "gdn-qknorm": dict(use_qk_norm=True),
+}
+
+
+def _model(kind: str, dtype=torch.float32, seed: int = 0) -> HyLoForCausalLM:
+    torch.manual_seed(seed)
+    m = HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).eval().to(dtype)
+    with torch.no_grad():  # larger weights: sharper logits, so greedy ties cannot hide a mismatch
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(3)
+    return m
+
+
+def _hf_greedy(model, ids, n):
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+@pytest.mark.parametrize("batch,chunk", [(1, 64), (2, 64), (2, 5), (1, 7)])
+def test_engine_greedy_equals_model_generate(kind, batch, chunk):
+    model = _model(kind)
+    torch.manual_seed(1)
+    ids = torch.randint(3, 97, (batch, 13))
+    want = _hf_greedy(model, ids, 8)
+    engine = Engine(model, max_batch=2, max_context=32, prefill_chunk=chunk)
+    got, timings = engine.generate(ids, max_new_tokens=8)
+    assert torch.equal(got, want), (got, want)
+    assert timings.new_tokens == 8 and len(timings.decode_step_s) == 7 and timings.prompt_tokens == 13
+    again, _ = engine.generate(ids, max_new_tokens=8)  # reset between calls: same answer from a used engine
+    assert torch.equal(again, want)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "gdn-qknorm"])
+def test_prefill_logits_match_full_forward_in_float64(kind, rope_float64):
+    model = _model(kind, torch.float64)
+    ids = torch.randint(3, 97, (2, 11))
+    want = model(ids).logits[:, -1]
+    got = Engine(model, max_batch=2, max_context=16, prefill_chunk=4).prefill(ids)
+    assert torch.allclose(got, want, rtol=0, atol=1e-10 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rope_float64):
+    """One MLA layer: prefill 9 tokens, decode the 10th. Absorbed form (engine) vs the module's forward, which
+    decompresses K/V per head (checkpoint-format.md §5.1 vs §6)."""
+    torch.manual_seed(3)
+    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=qk_norm)).double().eval()
+    mla = model.model.layers[1].mla
+    with torch.no_grad():
+        if qk_norm:
+            mla.q_norm.weight.uniform_(0.5, 1.5)
+            mla.k_norm.weight.uniform_(0.5, 1.5)
+        x = torch.randn(2, 10, 64, dtype=torch.float64)
+        pos = torch.arange(10).expand(2, 10)
+        want, _ = mla(x, pos)  # full causal forward; the last row is the 10th token's output
+        srv = MLAServing(mla, decode_backend="torch")
+        slot = srv.new_slot(2, 16)
+        srv.prefill(x[:, :9], slot, 0)
+        got = srv.decode(x[:, 9:], slot, torch.tensor([9, 9]))
+    ref = want[:, 9:]
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert rel < 1e-10, rel
+    assert torch.equal(slot.latent[:, 10:], torch.zeros_like(slot.latent[:, 10:]))  # nothing past the token
+
+
+def test_engine_preallocates_caches_of_the_documented_size():
+    model = _model("gdn-qknorm")
+    cfg = model.config
+    e = Engine(model, max_batch=3, max_context=40, prefill_chunk=8)
+    sizes = e.cache_bytes()
+    n_mla = len(cfg.mla_layers)
+    assert sizes["mla_latent"] == n_mla * 3 * 40 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
+    assert sizes["mla_key_scale"] == n_mla * 3 * 40 * cfg.num_key_value_heads * 4
+    gdn = model.model.layers[0].gdn
+    assert sizes["linear_state"] == (cfg.n_layer - n_mla) * 3 * gdn.state_bytes_per_sequence()
+
+
+def test_engine_rejects_requests_beyond_capacity():
+    e = Engine(_model("gdn"), max_batch=1, max_context=10, prefill_chunk=4)
+    with pytest.raises(ValueError, match="max_batch"):
+        e.generate(torch.ones(2, 4, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="max_context"):
+        e.generate(torch.ones(1, 8, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="TransformerEngine"):
+        Engine(make_base("llama"), 1, 8)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_transformer_engine_equals_transformers_generate(kind):
+    model = make_base(kind, vocab_size=120)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4)
+    ids = torch.randint(3, 120, (2, 12))
+    want = _hf_greedy(model, ids, 6)
+    engine = make_engine(model, max_batch=2, max_context=20, prefill_chunk=5)
+    assert isinstance(engine, TransformerEngine)
+    got, _ = engine.generate(ids, 6)
+    assert torch.equal(got, want), (got, want)
+    assert engine.cache_bytes()["kv"] == 4 * 2 * 2 * 2 * 20 * 16 * 4  # layers * (K, V) * B * n_kv * Tm * d_h * fp32
+
+
+def test_decode_benchmark_then_generate_still_matches():
+    """The synthetic-context decode fills the caches with noise; the next generate must not see any of it."""
+    model = _model("gdn")
+    ids = torch.randint(3, 97, (1, 9))
+    want = _hf_greedy(model, ids, 5)
+    engine = Engine(model, max_batch=1, max_context=40, prefill_chunk=4)
+    t = engine.decode_benchmark(1, 30, 6)
+    assert (t.prompt_tokens, len(t.decode_step_s)) == (30, 6)
+    assert engine.slots[1].latent[0, :30].abs().sum() > 0
+    assert engine.time_prefill_chunk(1, 26, 4) > 0
+    got, _ = engine.generate(ids, 5)
+    assert torch.equal(got, want)
+
+
+def test_random_build_materialises_every_parameter():
+    from hylo_bench.serving.build import _materialise
+
+    cfg = tiny_hybrid_config(linear_type="mamba", use_qk_norm=True)
+    with torch.device("meta"):
+        model = HyLoForCausalLM(cfg)
+    _materialise(model, "cpu", torch.bfloat16, ("A_log", "dt_bias"))
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.float()).all(), name
+        assert p.dtype == (torch.float32 if name.endswith(("A_log", "dt_bias")) else torch.bfloat16), name
+    mamba = model.model.layers[0].mamba
+    assert torch.all(mamba.A_log > 0) and torch.all(mamba.D == 1) and torch.all(mamba.norm.weight == 1)
+    assert model.model.layers[1].mla.q_norm.weight.eq(1).all()
+    assert 0.015 < model.lm_head.weight.float().std().item() < 0.025
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gdn-qknorm", "mamba"])
+def test_gpu_engine_graphs_and_kernels_match_the_torch_paths(kind):
+    """bf16 on CUDA: CUDA-graph decode gives the eager tokens; the Triton / fla decode back ends give the torch
+    back ends' logits (relative L2 < 2e-2 after prefill + 6 decode steps)."""
+    model = _model(kind).cuda().to(torch.bfloat16)
+    for layer in model.model.layers:  # keep the gate parameters fp32, as loading does
+        for name in ("A_log", "dt_bias"):
+            if hasattr(layer.mixer, name):
+                getattr(layer.mixer, name).data = getattr(layer.mixer, name).data.float()
+    ids = torch.randint(3, 97, (2, 300), device="cuda")
+    fast = Engine(model, 2, 320, 128, cuda_graphs=True)
+    eager = Engine(model, 2, 320, 128)
+    tok_fast, t = fast.generate(ids, 8)
+    tok_eager, _ = eager.generate(ids, 8)
+    assert t.cuda_graphs and fast.graph_error is None
+    assert torch.equal(tok_fast, tok_eager)
+    ref = Engine(model, 2, 320, 128, mla_decode_backend="torch", gdn_decode_backend="torch")
+    for e in (eager, ref):
+        e.prefill(ids)
+        pos = torch.full((2,), 300, device="cuda")
+        tok = tok_eager[:, 0].cuda()
+        for _ in range(6):
+            h = e.model.model.embed_tokens(tok[:, None])
+            for i in range(len(e.layers)):
+                h = e._layer(i, h, None, pos)
+            logits = e._lm_logits(h)[:, -1].float()
+            pos = pos + 1
+        e.last_logits = logits
+    rel = ((eager.last_logits - ref.last_logits).norm() / ref.last_logits.norm()).item()
+    assert rel < 2e-2, rel

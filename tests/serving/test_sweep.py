@@ -1,0 +1,150 @@
+"""``hylo-bench sweep``: real worker subprocesses on a tiny checkpoint write valid records; a simulated OOM is
+recorded and the sweep goes on; --find-max bisects; the JSON goes into the results store, re-import is a no-op."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.reports import store
+from hylo_bench.serving import sweep as S
+from hylo_bench.serving import sweep_worker
+from tests.conftest import make_base, tiny_hybrid_config
+
+REQUIRED = ("seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "peak_memory_gib", "status")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    torch.manual_seed(0)
+    HyLoForCausalLM(tiny_hybrid_config(vocab_size=120)).save_pretrained(d / "hylo")
+    make_base("llama", vocab_size=120).save_pretrained(d / "llama")
+    return d
+
+
+def _cfg(ckpts, tmp_path, **kw):
+    kw = dict(model=str(ckpts / "hylo"), contexts_tokens=[16, 24], batch_sizes=[1], out=tmp_path / "sweep.json",
+              decode_steps=3, prefill_chunk_tokens=8, device="cpu", db=str(tmp_path / "store.sqlite")) | kw
+    return S.SweepConfig(**kw)
+
+
+def _in_process(monkeypatch):
+    """Run workers in this process (same code path as the subprocess, minus the interpreter start)."""
+    def fake(spec, timeout_s):
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "s.json").write_text(json.dumps(spec))
+            sweep_worker.main([str(Path(d) / "s.json"), str(Path(d) / "r.json")])
+            return json.loads((Path(d) / "r.json").read_text())
+
+    monkeypatch.setattr(S, "run_worker", fake)
+
+
+def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp_path, monkeypatch):
+    monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "24")  # the second context "runs out of memory" in its worker
+    cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16, 24], baseline=str(ckpts / "llama"))
+    seen = []
+    env = S.run(cfg, on_record=seen.append)
+    saved = json.loads(cfg.out.read_text())
+    assert saved == env and saved["kind"] == "sweep" and saved["benchmark"] == "sweep"
+    assert {"git_sha", "device", "versions", "records"} <= saved.keys() and saved["device"] == "cpu"
+    recs = saved["records"]
+    assert [(r["series"], r["seq_len"], r["status"]) for r in recs] == [
+        ("model", 16, "ok"), ("model", 24, "oom"), ("baseline", 16, "ok"), ("baseline", 24, "oom")]
+    assert len(seen) == 4
+    for r in (recs[0], recs[2]):
+        assert all(r[k] is not None for k in REQUIRED)
+        assert r["tokens_per_s"] == pytest.approx(r["batch_size"] / r["tpot_s"], rel=0.5)
+        assert r["prompt_tokens"] == 16 and r["new_tokens"] == 3 and r["peak_memory_source"] == "rss"
+    assert recs[0]["engine"] == "Engine" and recs[2]["engine"] == "TransformerEngine"
+    assert recs[0]["layout"] == "2MLA2GDN" and recs[2]["layout"] == "transformer"
+    assert "simulated" in recs[1]["error"]
+    # KV cache of the hybrid: 2 MLA layers x (32 + 8) fp32 per token x (16 + 3) slots, plus 2 GDN states
+    gdn = HyLoForCausalLM(tiny_hybrid_config(vocab_size=120)).model.layers[0].gdn
+    want = 2 * 40 * 4 * 19 + 2 * gdn.state_bytes_per_sequence()
+    assert recs[0]["kv_cache_gib"] * 2 ** 30 == pytest.approx(want)
+    assert all(not isinstance(v, (dict, list)) for r in recs for v in r.values())  # flat records
+
+    engine = store.open_store(cfg.db)
+    pts = store.points_frame(engine)
+    assert len(pts) == 4 and list(pts["status"]) == ["ok", "oom", "ok", "oom"]
+    before = store.table_counts(engine)
+    out = store.import_files(engine, [cfg.out])
+    assert out[0].status == "unchanged" and store.table_counts(engine) == before
+
+
+def test_grown_sweep_file_extends_its_run_and_conflicts_are_refused(tmp_path):
+    engine = store.open_store(tmp_path / "s.sqlite")
+    env = {"benchmark": "sweep", "kind": "sweep", "sweep_id": "x", "model": "m", "git_sha": "g", "device": None,
+           "versions": {}, "records": [{"seq_len": 8, "status": "ok", "ttft_s": 0.1}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(env))
+    assert store.import_files(engine, [path])[0].status == "new"
+    env["records"].append({"seq_len": 16, "status": "oom"})
+    env["device"] = "cpu"
+    path.write_text(json.dumps(env))
+    res = store.import_files(engine, [path])[0]
+    assert (res.status, res.num_points) == ("extended", 1)
+    assert store.table_counts(engine)["runs"] == 1 and store.table_counts(engine)["points"] == 2
+    env["records"][0]["ttft_s"] = 0.2
+    path.write_text(json.dumps(env))
+    with pytest.raises(ValueError, match="append-only"):
+        store.import_files(engine, [path])
+
+
+def test_find_max_doubles_then_bisects(ckpts, tmp_path, monkeypatch):
+    _in_process(monkeypatch)
+    monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "40")  # fits below 40 tokens
+    cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16], find_max=True, find_max_resolution_tokens=4, store=False)
+    recs = S.run(cfg)["records"]
+    probes = [(r["seq_len"], r["status"]) for r in recs if r["point"] == "probe"]
+    assert probes == [(32, "ok"), (64, "oom"), (48, "oom"), (40, "oom"), (36, "ok")]
+    best = recs[-1]
+    assert (best["point"], best["max_context_tokens"], best["first_failed_tokens"]) == ("max", 36, 40)
+
+
+def test_stop_after_oom_skips_longer_contexts(ckpts, tmp_path, monkeypatch):
+    _in_process(monkeypatch)
+    monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "1")
+    recs = S.run(_cfg(ckpts, tmp_path, contexts_tokens=[16, 8], store=False))["records"]
+    assert [(r["seq_len"], r["status"]) for r in recs] == [(8, "oom"), (16, "skipped")]
+
+
+def test_backend_and_baseline_errors(ckpts, tmp_path):
+    with pytest.raises(ValueError, match="vLLM"):
+        S.run(_cfg(ckpts, tmp_path, backend="vllm"))
+    with pytest.raises(ValueError, match="backend"):
+        _cfg(ckpts, tmp_path, backend="tgi")
+    with pytest.raises(ValueError, match="recipe name"):
+        S.resolve_baseline(str(ckpts / "hylo"), "backbone")
+    assert S.resolve_baseline("HyLo-Qwen-7MLA21GDN-8K-SFT", "backbone") == "backbone:HyLo-Qwen-7MLA21GDN-8K-SFT"
+
+
+def test_hf_backend_point_in_process(ckpts):
+    spec = {"model": str(ckpts / "hylo"), "backend": "hf", "seq_len": 12, "batch_size": 2, "decode_steps": 3,
+            "prefill_chunk": 4, "device": "cpu", "dtype": "fp32", "warmup": False}
+    rec = sweep_worker.run_point(spec)
+    assert rec["engine"] == "transformers-eager" and rec["prompt_tokens"] == 12 and rec["batch_size"] == 2
+    assert rec["ttft_s"] > 0 and rec["tpot_s"] > 0 and "kv_cache_gib" not in rec
+
+
+def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    runner = CliRunner()
+    base = ["sweep", str(ckpts / "hylo"), "--out", str(tmp_path / "s.json"), "--no-store"]
+    res = runner.invoke(app, [*base, "--contexts", "16", "--backend", "vllm"])
+    assert res.exit_code == 2 and "vLLM" in res.output and "--backend native" in res.output
+    res = runner.invoke(app, [*base, "--contexts", "16", "--baseline", "backbone"])
+    assert res.exit_code == 2 and "recipe name" in res.output
+    res = runner.invoke(app, [*base, "--contexts", "8q"])
+    assert res.exit_code == 2 and "8q" in res.output
+    assert not (tmp_path / "s.json").exists()
