@@ -115,6 +115,9 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     if df.empty:
         return pd.DataFrame(columns=cols), []
     # A run whose records carry serving fields is a sweep; its OOM records (all fields null) are points too.
+    # Records tagged "check" (parity checks, bandwidth-bound fractions) are not context-length points.
+    if "check" in df:
+        df = df[df["check"].isna()]
     measured = df.reindex(columns=list(SERVING_FIELDS)).notna().any(axis=1)
     serving = df["run_id"].isin(df.loc[measured, "run_id"])
     other = sorted(df.loc[~serving, "benchmark"].unique())
@@ -122,6 +125,9 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     names = runs.set_index("id")["model"]
     label = df["model"] if "model" in df else pd.Series(None, index=df.index, dtype=object)
     df["model"] = label.where(label.notna(), df["run_id"].map(names))
+    if "variant" in df:  # e.g. the same model decoded without CUDA graphs: its own series, not a duplicate
+        variant = df["variant"].fillna("").astype(str)
+        df["model"] = df["model"].where(variant == "", df["model"] + " [" + variant + "]")
     df["status"] = df["status"].fillna("ok") if "status" in df else "ok"
     df = df.reindex(columns=cols).sort_values(["run_id"], kind="stable")
     df = df.drop_duplicates(["model", "seq_len"], keep="last").sort_values(["model", "seq_len"]).reset_index(drop=True)
