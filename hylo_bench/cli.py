@@ -200,6 +200,9 @@ def ruler(
     hotpotqa: Optional[Path] = typer.Option(None, "--hotpotqa", help="hotpot_dev_distractor_v1.json for "
                                             "ruler_qa_hotpot (default: $HYLO_BENCH_HOTPOTQA, else "
                                             "~/.cache/hylo_bench/ruler/)."),
+    resume: bool = typer.Option(False, "--resume", help="Reuse the per-sample predictions under "
+                                "RESULTS_DIR/predictions/ of an earlier run with the same model and settings; "
+                                "decode only the missing samples."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -219,7 +222,7 @@ def ruler(
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think, flavor=flavor,
-                            squad_path=squad, hotpotqa_path=hotpotqa)
+                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

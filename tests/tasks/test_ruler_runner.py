@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,3 +222,71 @@ def test_config_validation_is_actionable(tmp_path):
 def test_tokenizer_hash_is_stable_and_discriminates(tok):
     assert tokenizer_hash(tok) == tokenizer_hash(tok)
     assert tokenizer_hash(tok) != tokenizer_hash(build_small_tokenizer(vocab_size=900))
+
+
+class DyingLM(ScriptedLM):
+    """ScriptedLM that records every prompt it answers and raises once ``die_after`` predictions are made."""
+
+    def __init__(self, tokenizer, answers, die_after: int | None = None):
+        super().__init__(tokenizer, answers)
+        self.die_after, self.seen = die_after, []
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, do_sample, pad_token_id):
+        if self.die_after is not None and len(self.seen) >= self.die_after:
+            raise RuntimeError("killed")
+        self.seen += [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask)]
+        return super().generate(input_ids, attention_mask, max_new_tokens, do_sample, pad_token_id)
+
+
+def _half_oracle(tok, cfg: RulerConfig) -> dict[tuple[int, ...], str]:
+    """Right answers for even sample indices, a wrong one for odd indices (scores strictly between 0 and 100)."""
+    answers = {}
+    for task in cfg.tasks:
+        for length in cfg.lengths:
+            for i in range(cfg.samples):
+                s = generate_sample(task, tok, length, i, cfg.seed, flavor=cfg.flavor)
+                answers[tuple(tok(s["prompt"]).input_ids)] = " " + ", ".join(s["outputs"]) if i % 2 == 0 else " no"
+    return answers
+
+
+def test_resume_scores_only_the_missing_samples(tok, tmp_path):
+    cfg = _cfg(tmp_path / "full", samples=3, batch_size=2)
+    answers = _half_oracle(tok, cfg)
+    full = evaluate_model(DyingLM(tok, answers), tok, INFO, cfg, console=_quiet())
+    assert 0.0 < full["scores"]["niah_single_1"]["1024"] < 100.0
+
+    cfg = _cfg(tmp_path / "killed", samples=3, batch_size=2)
+    with pytest.raises(RuntimeError, match="killed"):  # task 1: batches [0, 1], [2]; task 2: [0, 1], then dies
+        evaluate_model(DyingLM(tok, answers, die_after=4), tok, INFO, cfg, console=_quiet())
+    pred_files = sorted((tmp_path / "killed" / "predictions").glob("*.jsonl"))
+    assert [len(f.read_text().splitlines()) for f in pred_files] == [3, 2]  # niah_single_1, ruler_vt
+
+    resumed_cfg = _cfg(tmp_path / "killed", samples=3, batch_size=2, resume=True)
+    model = DyingLM(tok, answers)
+    resumed = evaluate_model(model, tok, INFO, resumed_cfg, console=_quiet())
+    vt2 = generate_sample("ruler_vt", tok, 1024, 2, 42)
+    assert model.seen == [tuple(tok(vt2["prompt"]).input_ids)]
+    assert resumed["scores"] == full["scores"] and resumed["mean"] == full["mean"]
+    doc = json.loads(Path(resumed["results_path"]).read_text())
+    assert [r["n"] for r in doc["records"]] == [3, 3] and doc["config"]["resume"] is True
+    assert [len(f.read_text().splitlines()) for f in pred_files] == [3, 3]
+
+    fresh = DyingLM(tok, answers)  # without resume every sample is decoded again
+    assert evaluate_model(fresh, tok, INFO, cfg, console=_quiet())["scores"] == full["scores"]
+    assert len(fresh.seen) == 6
+
+
+def test_resume_skips_torn_lines_and_stale_prompts(tok, tmp_path):
+    cfg = _cfg(tmp_path, tasks=["niah_single_1"], samples=2, resume=True)
+    answers = _half_oracle(tok, cfg)
+    evaluate_model(DyingLM(tok, answers), tok, INFO, cfg, console=_quiet())
+    (path,) = (tmp_path / "predictions").glob("*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 1] and rows[0]["prediction"] == answers[tuple(
+        tok(generate_sample("niah_single_1", tok, 1024, 0, 42)["prompt"]).input_ids)]
+    rows[0]["prompt_sha256"] = "0" * 64  # a prediction for another prompt must not be reused
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n" + '{"index": 1, "pro')
+    model = DyingLM(tok, answers)
+    evaluate_model(model, tok, INFO, cfg, console=_quiet())
+    assert len(model.seen) == 1
+    assert [json.loads(line)["index"] for line in path.read_text().splitlines()] == [1, 0]

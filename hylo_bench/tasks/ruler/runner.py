@@ -1,7 +1,9 @@
 """RULER runner: load a model, generate or reuse cached samples, decode greedily, score, write the results JSON.
 
 ``run(cfg)`` is what ``hylo-bench ruler`` calls; ``evaluate_model`` does the work for an already-loaded model.
-Results are rewritten atomically after every (task, length), so an interrupted run keeps what it finished.
+Results are rewritten atomically after every (task, length), and every batch's predictions are appended to
+``RESULTS_DIR/predictions/`` (:mod:`hylo_bench.tasks.ruler.predictions`), so ``resume=True`` continues an
+interrupted run from the last scored batch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rich.text import Text
 
 import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, load_or_generate, text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
@@ -58,6 +61,10 @@ class RulerConfig:
             ``~/.cache/hylo_bench/ruler/dev-v2.0.json``).
         hotpotqa_path: HotpotQA dev distractor JSON for ``ruler_qa_hotpot`` (``None``: ``$HYLO_BENCH_HOTPOTQA``,
             else ``~/.cache/hylo_bench/ruler/hotpot_dev_distractor_v1.json``).
+        resume: reuse the per-sample predictions already in ``results_dir/predictions/`` for the same model
+            hash, dtype, tokenizer, data, seed, flavor, chat template and generation budget, and decode only the
+            missing samples (opt-in, like lm-eval's ``--use_cache``); without it a run starts from no predictions.
+            The results go to a new results file either way.
     """
 
     model: str
@@ -74,6 +81,7 @@ class RulerConfig:
     flavor: str = "nvidia"
     squad_path: str | Path | None = None
     hotpotqa_path: str | Path | None = None
+    resume: bool = False
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -192,15 +200,14 @@ def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_
 
 
 def _predict(
-    model: Any, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int, step: Callable[[int], None]
-) -> list[str]:
-    predictions: list[str] = []
+    model: Any, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
+    on_batch: Callable[[list[dict], list[str]], None],
+) -> None:
+    """Decode ``samples`` in batches of ``cfg.batch_size``; ``on_batch(batch, predictions)`` after each batch."""
     for start in range(0, len(samples), cfg.batch_size):
         batch = samples[start : start + cfg.batch_size]
         ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]
-        predictions += generate_batch(model, tokenizer, ids, max_new)
-        step(len(batch))
-    return predictions
+        on_batch(batch, generate_batch(model, tokenizer, ids, max_new))
 
 
 def _results_path(results_dir: Path, model_name: str) -> Path:
@@ -321,10 +328,42 @@ def _record_in_store(doc: dict, path: Path, results_dir: Path) -> None:
         logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc, path)
 
 
+def _param_dtype(model: Any) -> str:
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return "unknown" if param is None else str(param.dtype).removeprefix("torch.")
+
+
+def _task_predictions(
+    model: Any, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig,
+    advance: Callable[[int], None],
+) -> list[str]:
+    """Predictions for ``samples`` (index order): the stored ones when ``cfg.resume``, the rest decoded and appended
+    to ``path`` after every batch."""
+    if cfg.resume:
+        done = pred_store.consolidate(path, samples)
+    else:
+        pred_store.discard(path)
+        done = {}
+    advance(len(done))
+
+    def on_batch(batch: list[dict], preds: list[str]) -> None:
+        pred_store.append_predictions(path, [pred_store.prediction_row(s, p) for s, p in zip(batch, preds)])
+        done.update({s["index"]: p for s, p in zip(batch, preds)})
+        advance(len(batch))
+
+    todo = [s for s in samples if s["index"] not in done]
+    _predict(model, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch)
+    return [done[s["index"]] for s in samples]
+
+
 def evaluate_model(
     model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None
 ) -> dict:
     """Run RULER on a loaded model: for each length, each task, generate/reuse samples, decode, score, save.
+
+    Every batch's predictions are appended to ``results_dir/predictions/<key>.jsonl``
+    (:mod:`hylo_bench.tasks.ruler.predictions`); with ``cfg.resume`` the stored ones are reused and only the
+    missing samples reach the model.
 
     Args:
         model: HF-style causal LM with ``generate`` (put in eval mode here).
@@ -362,14 +401,20 @@ def evaluate_model(
             for task in cfg.tasks:
                 progress.update(bar, description=f"{task} @ {length}")
                 gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
+                data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
                 samples = load_or_generate(
                     task, tokenizer, length, cfg.samples, seed=cfg.seed, haystack_text=haystack_text,
                     chat_template=cfg.chat_template, cache_dir=results_dir / "cache", tok_hash=tok_hash,
                     on_sample=lambda: progress.advance(gen_bar), flavor=cfg.flavor, qa_path=cfg.qa_path(task),
                 )
                 progress.remove_task(gen_bar)
-                max_new = get_task(task).max_gen_toks
-                preds = _predict(model, tokenizer, samples, cfg, max_new, lambda k: progress.advance(bar, k))
+                pred_path = pred_store.predictions_path(
+                    results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
+                    dtype=_param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
+                    flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
+                )
+                preds = _task_predictions(model, tokenizer, samples, task, pred_path, cfg,
+                                          lambda k: progress.advance(bar, k))
                 record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
