@@ -203,6 +203,9 @@ def ruler(
     resume: bool = typer.Option(False, "--resume", help="Reuse the per-sample predictions under "
                                 "RESULTS_DIR/predictions/ of an earlier run with the same model and settings; "
                                 "decode only the missing samples."),
+    devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device "
+                                "cpu all on CPU); samples are sharded and rank 0 scores. Under torchrun the "
+                                "launched processes are the workers."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -222,10 +225,12 @@ def ruler(
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think, flavor=flavor,
-                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume)
+                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume, devices=devices)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
+    if result is None:  # a torchrun rank other than 0
+        return
     for table in R.render_tables(result):
         console.print(table)
     console.print(f"results: {result['results_path']}")

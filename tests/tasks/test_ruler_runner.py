@@ -30,8 +30,8 @@ RECORD_KEYS = {
 }  # fmt: skip
 PROVENANCE_KEYS = {
     "model_hash", "tokenizer_hash", "generator_version", "flavor", "seed", "samples_per_task", "batch_size", "dtype",
-    "device", "chat_template", "strip_think", "torch_version", "transformers_version", "python_version",
-    "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256",
+    "device", "num_processes", "chat_template", "strip_think", "torch_version", "transformers_version",
+    "python_version", "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256",
 }  # fmt: skip
 
 
@@ -289,4 +289,5 @@ def test_resume_skips_torn_lines_and_stale_prompts(tok, tmp_path):
     model = DyingLM(tok, answers)
     evaluate_model(model, tok, INFO, cfg, console=_quiet())
     assert len(model.seen) == 1
-    assert [json.loads(line)["index"] for line in path.read_text().splitlines()] == [1, 0]
+    rows_after = [json.loads(line) for line in path.read_text().splitlines()]  # merged in index order, torn line gone
+    assert [r["index"] for r in rows_after] == [0, 1] and rows_after[1] == rows[1]

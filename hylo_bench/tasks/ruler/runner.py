@@ -65,6 +65,10 @@ class RulerConfig:
             hash, dtype, tokenizer, data, seed, flavor, chat template and generation budget, and decode only the
             missing samples (opt-in, like lm-eval's ``--use_cache``); without it a run starts from no predictions.
             The results go to a new results file either way.
+        devices: worker processes, one per GPU (``cuda:0`` ... ``cuda:N-1``, or all on CPU with ``device="cpu"``);
+            each decodes every N-th sample of each (task, length), rank 0 merges and scores
+            (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
+            processes are the workers and this must be 1 or ``WORLD_SIZE``.
     """
 
     model: str
@@ -82,6 +86,7 @@ class RulerConfig:
     squad_path: str | Path | None = None
     hotpotqa_path: str | Path | None = None
     resume: bool = False
+    devices: int = 1
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -102,6 +107,8 @@ class RulerConfig:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.devices < 1:
+            raise ValueError(f"devices must be >= 1 (worker processes), got {self.devices}")
         if self.haystack_path is not None and not Path(self.haystack_path).is_file():
             raise ValueError(f"haystack_path {str(self.haystack_path)!r} is not a file; pass a text file or omit it")
         check_flavor(self.flavor)
@@ -138,12 +145,17 @@ def select_tasks(spec: str, squad_path: str | Path | None = None, hotpotqa_path:
     return tasks
 
 
-def run(cfg: RulerConfig, *, console: Console | None = None) -> dict:
-    """Load ``cfg.model`` with ``hylo_bench.models.loading.load_model`` and evaluate it.
+def run(cfg: RulerConfig, *, console: Console | None = None) -> dict | None:
+    """Load ``cfg.model`` with ``hylo_bench.models.loading.load_model`` and evaluate it, in one process or, with
+    ``cfg.devices`` > 1 or under ``torchrun``, in several (:func:`hylo_bench.tasks.ruler.parallel.run_parallel`).
 
     Returns:
-        The summary of :func:`evaluate_model` (the ``--json`` object).
+        The summary of :func:`evaluate_model` (the ``--json`` object); None on torchrun ranks other than 0.
     """
+    from hylo_bench.tasks.ruler.parallel import launched_world_size, run_parallel
+
+    if cfg.devices > 1 or launched_world_size() > 1:
+        return run_parallel(cfg, console=console)
     from hylo_bench.models.loading import load_model
 
     model, tokenizer, info = load_model(cfg.model, device=cfg.device)
@@ -155,9 +167,9 @@ class _RateColumn(ProgressColumn):
         return Text(f"{task.speed:.2f} samples/s" if task.speed else "- samples/s")
 
 
-def _progress(console: Console | None) -> Progress:
+def _progress(console: Console | None, disable: bool = False) -> Progress:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn())
-    return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True))
+    return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True), disable=disable)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -226,9 +238,10 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str) -> dict:
+def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
+               shard: Shard | None = None) -> dict:
     """What produced a results file: model and tokenizer hashes, generator version, flavor, seed, samples, batch
-    size, parameter dtype and device (read from the model), torch / transformers / Python versions, git sha, and
+    size, parameter dtype and device (read from the model; rank 0's), number of processes, torch / transformers / Python versions, git sha, and
     the sha256 of the essay text and of each QA data file used."""
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     qa_files = {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES}
@@ -242,6 +255,7 @@ def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, ha
         "batch_size": cfg.batch_size,
         "dtype": "unknown" if param is None else str(param.dtype).removeprefix("torch."),
         "device": "unknown" if param is None else str(param.device),
+        "num_processes": 1 if shard is None else shard.world_size,
         "chat_template": cfg.chat_template,
         "strip_think": cfg.strip_think,
         "torch_version": _version("torch"),
@@ -333,32 +347,84 @@ def _param_dtype(model: Any) -> str:
     return "unknown" if param is None else str(param.dtype).removeprefix("torch.")
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Shard:
+    """This process's share of a multi-process run (:mod:`hylo_bench.tasks.ruler.parallel`).
+
+    Attributes:
+        rank: 0 ... world_size - 1; rank 0 generates the samples, merges the predictions, scores and writes.
+        world_size: number of processes; each decodes every world_size-th missing sample.
+        barrier: blocks until every process has called it (``torch.distributed.barrier``).
+    """
+
+    rank: int
+    world_size: int
+    barrier: Callable[[], None]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+
+
+SINGLE = Shard(rank=0, world_size=1, barrier=lambda: None)
+
+
 def _task_predictions(
-    model: Any, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig,
+    model: Any, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig, shard: Shard,
     advance: Callable[[int], None],
-) -> list[str]:
-    """Predictions for ``samples`` (index order): the stored ones when ``cfg.resume``, the rest decoded and appended
-    to ``path`` after every batch."""
-    if cfg.resume:
-        done = pred_store.consolidate(path, samples)
-    else:
-        pred_store.discard(path)
-        done = {}
-    advance(len(done))
+) -> list[str] | None:
+    """Predictions for ``samples`` in index order (rank 0; None on other ranks).
+
+    Rank 0 first merges the stored predictions (``cfg.resume``) or deletes them; then every rank decodes its share
+    of the missing samples, appending to its shard file after every batch; after a barrier rank 0 merges the
+    shards into ``path``.
+    """
+    if shard.rank == 0:
+        if cfg.resume:
+            pred_store.consolidate(path, samples)
+        else:
+            pred_store.discard(path)
+    shard.barrier()
+    done = pred_store.read_predictions(path, samples)
+    advance(len(done) if shard.rank == 0 else 0)
+    own = pred_store.shard_path(path, shard.rank, shard.world_size)
 
     def on_batch(batch: list[dict], preds: list[str]) -> None:
-        pred_store.append_predictions(path, [pred_store.prediction_row(s, p) for s, p in zip(batch, preds)])
-        done.update({s["index"]: p for s, p in zip(batch, preds)})
+        pred_store.append_predictions(own, [pred_store.prediction_row(s, p) for s, p in zip(batch, preds)])
         advance(len(batch))
 
-    todo = [s for s in samples if s["index"] not in done]
+    todo = [s for s in samples if s["index"] not in done][shard.rank :: shard.world_size]
     _predict(model, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch)
-    return [done[s["index"]] for s in samples]
+    shard.barrier()
+    if shard.rank != 0:
+        return None
+    merged = pred_store.consolidate(path, samples)
+    advance(len(merged) - len(done) - len(todo))
+    missing = [s["index"] for s in samples if s["index"] not in merged]
+    assert not missing, f"{path}: no prediction for samples {missing[:10]} after the barrier"
+    return [merged[s["index"]] for s in samples]
+
+
+def _samples(task: str, length: int, tokenizer: Any, cfg: RulerConfig, haystack_text: str, tok_hash: str,
+             shard: Shard, on_sample: Callable[[], None]) -> list[dict]:
+    """The (task, length) samples; rank 0 generates and caches them before the other ranks read the cache."""
+
+    def load() -> list[dict]:
+        return load_or_generate(
+            task, tokenizer, length, cfg.samples, seed=cfg.seed, haystack_text=haystack_text,
+            chat_template=cfg.chat_template, cache_dir=Path(cfg.results_dir) / "cache", tok_hash=tok_hash,
+            on_sample=on_sample, flavor=cfg.flavor, qa_path=cfg.qa_path(task),
+        )
+
+    samples = load() if shard.rank == 0 else None
+    shard.barrier()
+    return samples if samples is not None else load()
 
 
 def evaluate_model(
-    model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None
-) -> dict:
+    model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None,
+    shard: Shard = SINGLE,
+) -> dict | None:
     """Run RULER on a loaded model: for each length, each task, generate/reuse samples, decode, score, save.
 
     Every batch's predictions are appended to ``results_dir/predictions/<key>.jsonl``
@@ -371,13 +437,14 @@ def evaluate_model(
         model_info: ``name, path, hash, layout, kind`` as returned by ``load_model``.
         cfg: run configuration.
         console: rich console for the progress bar (default: stderr).
+        shard: this process's share when several processes run the same config (one process by default).
 
     Returns:
-        ``{"model": name, "flavor": str, "scores": {task: {"<L>": score}}, "mean": {"<L>": score}, "avg",
-        "weighted_avg_inc", "weighted_avg_dec", "results_path": str}``, scores 0-100; mean = unweighted mean over
-        the tasks run at that length; avg / wAvg (inc) / wAvg (dec) = plain and length-rank-weighted means of
-        ``mean`` (:func:`hylo_bench.tasks.ruler.scoring.weighted_averages`). The results JSON holds the same
-        plus ``provenance`` and one record per (task, length).
+        On rank 0: ``{"model": name, "flavor": str, "scores": {task: {"<L>": score}}, "mean": {"<L>": score},
+        "avg", "weighted_avg_inc", "weighted_avg_dec", "results_path": str}``, scores 0-100; mean = unweighted
+        mean over the tasks run at that length; avg / wAvg (inc) / wAvg (dec) = plain and length-rank-weighted
+        means of ``mean`` (:func:`hylo_bench.tasks.ruler.scoring.weighted_averages`). The results JSON holds the
+        same plus ``provenance`` and one record per (task, length). On other ranks: None.
 
     Raises:
         ValueError: ``model_info`` lacks a key, or a length is too small for a task.
@@ -389,32 +456,31 @@ def evaluate_model(
     tok_hash = tokenizer_hash(tokenizer)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
+    lead = shard.rank == 0
     path = _results_path(results_dir, str(model_info["name"]))
-    doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text))
+    doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text, shard)) if lead else {}
     if hasattr(model, "eval"):
         model.eval()
     scores: dict[str, dict[str, float]] = {}
-    with _progress(console) as progress:
-        total = len(cfg.lengths) * len(cfg.tasks) * cfg.samples
-        bar = progress.add_task("ruler", total=total)
+    with _progress(console, disable=not lead) as progress:
+        bar = progress.add_task("ruler", total=len(cfg.lengths) * len(cfg.tasks) * cfg.samples)
         for length in cfg.lengths:
             for task in cfg.tasks:
                 progress.update(bar, description=f"{task} @ {length}")
                 gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
-                data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
-                samples = load_or_generate(
-                    task, tokenizer, length, cfg.samples, seed=cfg.seed, haystack_text=haystack_text,
-                    chat_template=cfg.chat_template, cache_dir=results_dir / "cache", tok_hash=tok_hash,
-                    on_sample=lambda: progress.advance(gen_bar), flavor=cfg.flavor, qa_path=cfg.qa_path(task),
-                )
+                samples = _samples(task, length, tokenizer, cfg, haystack_text, tok_hash, shard,
+                                   lambda b=gen_bar: progress.advance(b))
                 progress.remove_task(gen_bar)
+                data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
                 pred_path = pred_store.predictions_path(
                     results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
                     dtype=_param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
                     flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
                 )
-                preds = _task_predictions(model, tokenizer, samples, task, pred_path, cfg,
+                preds = _task_predictions(model, tokenizer, samples, task, pred_path, cfg, shard,
                                           lambda k: progress.advance(bar, k))
+                if not lead:
+                    continue
                 record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
@@ -422,6 +488,8 @@ def evaluate_model(
                 atomic_write_json(path, doc)
                 _record_in_store(doc, path, results_dir)
                 scores.setdefault(task, {})[str(length)] = record["score"]
+    if not lead:
+        return None
     return {"model": model_info["name"], "flavor": cfg.flavor, "scores": scores, "mean": doc["mean"],
             **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path)}
 

@@ -1,0 +1,101 @@
+"""Multi-process RULER: sharded predictions equal one process's (threads with a shared barrier for the scripted
+model; two spawned CPU workers loading a tiny checkpoint), and actionable device errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hylo_bench.tasks.ruler import RulerConfig, evaluate_model, generate_sample, run
+from hylo_bench.tasks.ruler.parallel import run_parallel, worker_device
+from hylo_bench.tasks.ruler.runner import Shard
+from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _half_oracle, _quiet, build_small_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_small_tokenizer()
+
+
+def _prediction_files(results_dir) -> dict[str, list[dict]]:
+    return {f.name: [json.loads(line) for line in f.read_text().splitlines()]
+            for f in sorted((results_dir / "predictions").glob("*.jsonl"))}
+
+
+def test_two_shards_split_the_samples_and_match_one_process(tok, tmp_path):
+    cfg = _cfg(tmp_path / "one", samples=5)
+    answers = _half_oracle(tok, cfg)
+    single = evaluate_model(DyingLM(tok, answers), tok, INFO, cfg, console=_quiet())
+    assert 0.0 < single["scores"]["niah_single_1"]["1024"] < 100.0
+
+    cfg2 = _cfg(tmp_path / "two", samples=5)
+    barrier = threading.Barrier(2, timeout=120)
+    models, out, errors = [DyingLM(tok, answers), DyingLM(tok, answers)], {}, []
+
+    def worker(rank: int) -> None:
+        try:
+            shard = Shard(rank=rank, world_size=2, barrier=barrier.wait)
+            out[rank] = evaluate_model(models[rank], tok, INFO, cfg2, console=_quiet(), shard=shard)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert out[1] is None and out[0]["scores"] == single["scores"] and out[0]["mean"] == single["mean"]
+    for task in cfg.tasks:  # rank r decoded samples r, r + 2, ...
+        prompts = [tuple(tok(generate_sample(task, tok, 1024, i, 42)["prompt"]).input_ids) for i in range(5)]
+        assert [p for p in models[0].seen if p in prompts] == prompts[0::2]
+        assert [p for p in models[1].seen if p in prompts] == prompts[1::2]
+    assert _prediction_files(tmp_path / "two") == _prediction_files(tmp_path / "one")
+    doc = json.loads(Path(out[0]["results_path"]).read_text())
+    assert doc["provenance"]["num_processes"] == 2 and doc["config"]["devices"] == 1
+
+
+def test_spawned_cpu_workers_equal_one_process(tok, tmp_path):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1280, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    LlamaForCausalLM(config).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    base = {"model": str(ckpt), "lengths": [1024], "tasks": ["ruler_vt"], "samples": 3, "device": "cpu"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = run(RulerConfig(**base, results_dir=tmp_path / "one"), console=_quiet())
+    finally:
+        torch.set_num_threads(threads)
+    two = run(RulerConfig(**base, results_dir=tmp_path / "two", devices=2), console=_quiet())
+    assert two["scores"] == one["scores"] and two["mean"] == one["mean"]
+    preds_one, preds_two = _prediction_files(tmp_path / "one"), _prediction_files(tmp_path / "two")
+    assert preds_two == preds_one and [r["index"] for r in next(iter(preds_one.values()))] == [0, 1, 2]
+    assert all(r["prediction"] for rows in preds_one.values() for r in rows)  # a random model still says something
+    doc = json.loads(Path(two["results_path"]).read_text())
+    assert doc["provenance"]["num_processes"] == 2 and doc["provenance"]["device"] == "cpu"
+
+
+def test_device_errors_are_actionable(tmp_path, monkeypatch):
+    assert worker_device("cpu", 3) == "cpu"
+    with pytest.raises(ValueError, match="pass --device cuda"):
+        worker_device("cuda:1", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="worker 1 needs cuda:1 but 1 GPU"):
+        worker_device(None, 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="WORLD_SIZE=4"):
+        run_parallel(_cfg(tmp_path, devices=2))
+    with pytest.raises(ValueError, match="devices must be >= 1"):
+        _cfg(tmp_path, devices=0)
