@@ -206,6 +206,9 @@ def ruler(
     devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device "
                                 "cpu all on CPU); samples are sharded and rank 0 scores. Under torchrun the "
                                 "launched processes are the workers."),
+    engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), native "
+                               "(greedy through the native serving engine, one prompt at a time) or auto (native "
+                               "for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
@@ -225,7 +228,8 @@ def ruler(
                             samples=samples, seed=seed, results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think, flavor=flavor,
-                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume, devices=devices)
+                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume, devices=devices,
+                            engine=engine)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

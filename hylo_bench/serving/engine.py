@@ -155,6 +155,39 @@ class _EngineBase:
                           prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
         return torch.stack(out, dim=1).cpu(), timings
 
+    @torch.inference_mode()
+    def generate_until(self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+        """Greedy generation of one prompt that stops at the first token in ``stop_ids`` (not returned) or after
+        ``max_new_tokens`` tokens, as transformers' ``generate`` with ``eos_token_id=stop_ids`` does. Untimed.
+
+        Args:
+            input_ids: [1, T] int64 prompt.
+            max_new_tokens: most tokens to generate (>= 1); T + max_new_tokens - 1 <= max_context.
+            stop_ids: token ids that end the generation (EOS ids).
+
+        Returns:
+            The generated token ids before the first stop token (at most ``max_new_tokens``).
+
+        Raises:
+            ValueError: a batch other than 1, bad shapes, or a context beyond the engine's capacity.
+        """
+        B, T = self._check(input_ids, max_new_tokens)
+        if B != 1:
+            raise ValueError(f"generate_until takes one prompt ([1, T]); got batch {B}")
+        tok = self.prefill(input_ids).argmax(-1)
+        pos = torch.full((1,), T, dtype=torch.long, device=self.device)
+        self._prepare_decode(tok, pos)
+        out: list[int] = []
+        while True:
+            token = int(tok.item())
+            if token in stop_ids:
+                return out
+            out.append(token)
+            if len(out) == max_new_tokens:
+                return out
+            tok = self._decode(tok, pos)
+            pos = pos + 1
+
     def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
         """Hook run after prefill, before the timed decode loop (CUDA-graph capture)."""
 

@@ -30,7 +30,7 @@ RECORD_KEYS = {
 }  # fmt: skip
 PROVENANCE_KEYS = {
     "model_hash", "tokenizer_hash", "generator_version", "flavor", "seed", "samples_per_task", "batch_size", "dtype",
-    "device", "num_processes", "chat_template", "strip_think", "torch_version", "transformers_version",
+    "device", "num_processes", "engine", "chat_template", "strip_think", "torch_version", "transformers_version",
     "python_version", "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256",
 }  # fmt: skip
 
@@ -124,6 +124,7 @@ def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
     assert set(prov) == PROVENANCE_KEYS
     assert prov["model_hash"] == "abc123" and prov["tokenizer_hash"] == tokenizer_hash(tok)
     assert (prov["dtype"], prov["device"], prov["batch_size"], prov["flavor"]) == ("float32", "cpu", 1, "nvidia")
+    assert (prov["engine"], prov["num_processes"]) == ("generate", 1)
     assert prov["torch_version"] == torch.__version__ and prov["transformers_version"] == transformers.__version__
     assert prov["generator_version"] == ruler_cache.GENERATOR_VERSION and prov["qa_data_sha256"] == {}
     assert doc["model"] == INFO and doc["tokenizer_hash"] == tokenizer_hash(tok)

@@ -27,6 +27,7 @@ import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, git_sha
 from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, load_or_generate, text_hash, tokenizer_hash
+from hylo_bench.tasks.ruler.decoding import ENGINES, Decoder, make_decoder, resolve_engine
 from hylo_bench.tasks.ruler.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import check_flavor, get_task, list_tasks
@@ -69,6 +70,9 @@ class RulerConfig:
             each decodes every N-th sample of each (task, length), rank 0 merges and scores
             (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
             processes are the workers and this must be 1 or ``WORLD_SIZE``.
+        engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
+            :mod:`hylo_bench.serving.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
+            generate otherwise); :mod:`hylo_bench.tasks.ruler.decoding`.
     """
 
     model: str
@@ -87,6 +91,7 @@ class RulerConfig:
     hotpotqa_path: str | Path | None = None
     resume: bool = False
     devices: int = 1
+    engine: str = "auto"
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -107,6 +112,8 @@ class RulerConfig:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.devices < 1:
             raise ValueError(f"devices must be >= 1 (worker processes), got {self.devices}")
         if self.haystack_path is not None and not Path(self.haystack_path).is_file():
@@ -172,54 +179,15 @@ def _progress(console: Console | None, disable: bool = False) -> Progress:
     return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True), disable=disable)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-
-
-def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
-    """Greedy continuations of a batch of token-id prompts, decoded from the new tokens only.
-
-    Prompts are left-padded to a [B, T] ``input_ids``/``attention_mask`` pair; each continuation is cut at its
-    first EOS and decoded with ``skip_special_tokens=True``.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    width = max(len(ids) for ids in prompt_ids)
-    input_ids_BT = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
-    mask_BT = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-    for row, ids in enumerate(prompt_ids):
-        input_ids_BT[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        mask_BT[row, width - len(ids) :] = 1
-    with torch.inference_mode():
-        out_BT = model.generate(
-            input_ids=input_ids_BT.to(device),
-            attention_mask=mask_BT.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-        )
-    eos = _eos_ids(model, tokenizer)
-    texts = []
-    for row in out_BT[:, width:].tolist():
-        cut = next((i for i, tok in enumerate(row) if tok in eos), len(row))
-        texts.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
-    return texts
-
-
 def _predict(
-    model: Any, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
+    decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
     on_batch: Callable[[list[dict], list[str]], None],
 ) -> None:
     """Decode ``samples`` in batches of ``cfg.batch_size``; ``on_batch(batch, predictions)`` after each batch."""
     for start in range(0, len(samples), cfg.batch_size):
         batch = samples[start : start + cfg.batch_size]
         ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]
-        on_batch(batch, generate_batch(model, tokenizer, ids, max_new))
+        on_batch(batch, decode(ids, max_new))
 
 
 def _results_path(results_dir: Path, model_name: str) -> Path:
@@ -241,7 +209,7 @@ def _version(package: str) -> str:
 def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                shard: Shard | None = None) -> dict:
     """What produced a results file: model and tokenizer hashes, generator version, flavor, seed, samples, batch
-    size, parameter dtype and device (read from the model; rank 0's), number of processes, torch / transformers / Python versions, git sha, and
+    size, parameter dtype and device (read from the model; rank 0's), number of processes, decoding engine, torch / transformers / Python versions, git sha, and
     the sha256 of the essay text and of each QA data file used."""
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     qa_files = {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES}
@@ -256,6 +224,7 @@ def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, ha
         "dtype": "unknown" if param is None else str(param.dtype).removeprefix("torch."),
         "device": "unknown" if param is None else str(param.device),
         "num_processes": 1 if shard is None else shard.world_size,
+        "engine": resolve_engine(model, cfg.engine),
         "chat_template": cfg.chat_template,
         "strip_think": cfg.strip_think,
         "torch_version": _version("torch"),
@@ -370,7 +339,7 @@ SINGLE = Shard(rank=0, world_size=1, barrier=lambda: None)
 
 
 def _task_predictions(
-    model: Any, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig, shard: Shard,
+    decode: Decoder, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig, shard: Shard,
     advance: Callable[[int], None],
 ) -> list[str] | None:
     """Predictions for ``samples`` in index order (rank 0; None on other ranks).
@@ -394,7 +363,7 @@ def _task_predictions(
         advance(len(batch))
 
     todo = [s for s in samples if s["index"] not in done][shard.rank :: shard.world_size]
-    _predict(model, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch)
+    _predict(decode, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch)
     shard.barrier()
     if shard.rank != 0:
         return None
@@ -461,6 +430,7 @@ def evaluate_model(
     doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text, shard)) if lead else {}
     if hasattr(model, "eval"):
         model.eval()
+    decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size)
     scores: dict[str, dict[str, float]] = {}
     with _progress(console, disable=not lead) as progress:
         bar = progress.add_task("ruler", total=len(cfg.lengths) * len(cfg.tasks) * cfg.samples)
@@ -477,7 +447,7 @@ def evaluate_model(
                     dtype=_param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
                     flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
                 )
-                preds = _task_predictions(model, tokenizer, samples, task, pred_path, cfg, shard,
+                preds = _task_predictions(decode, tokenizer, samples, task, pred_path, cfg, shard,
                                           lambda k: progress.advance(bar, k))
                 if not lead:
                     continue

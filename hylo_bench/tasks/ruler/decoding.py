@@ -1,0 +1,146 @@
+"""Greedy decoding of RULER prompts: transformers ``generate()`` (batched, left-padded) or the native serving
+engine (:mod:`hylo_bench.serving.engine`, one prompt at a time), both cut at the first EOS and decoded with
+``skip_special_tokens=True``, so they give the same text for the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+ENGINES = ("auto", "generate", "native")
+PREFILL_CHUNK_TOKENS = 8192
+"""Prefill chunk of the native engine (bounds activation memory)."""
+CAPACITY_STEP_TOKENS = 4096
+"""The native engine's cache capacity grows in multiples of this, so similar prompt lengths share one engine."""
+
+Decoder = Callable[[list[list[int]], int], list[str]]
+"""``decode(prompt_ids, max_new_tokens) -> texts``: one continuation per token-id prompt."""
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """EOS ids ending a generation: the model's ``generation_config.eos_token_id``, else the tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+
+
+def _cut_and_decode(tokenizer: Any, tokens: list[int], eos: set[int]) -> str:
+    cut = next((i for i, tok in enumerate(tokens) if tok in eos), len(tokens))
+    return tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+
+
+def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuations of a batch of token-id prompts through ``model.generate``, new tokens only.
+
+    Prompts are left-padded to a [B, T] ``input_ids``/``attention_mask`` pair; each continuation is cut at its
+    first EOS (:func:`eos_ids`) and decoded with ``skip_special_tokens=True``.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    width = max(len(ids) for ids in prompt_ids)
+    input_ids_BT = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids_BT[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask_BT[row, width - len(ids) :] = 1
+    with torch.inference_mode():
+        out_BT = model.generate(
+            input_ids=input_ids_BT.to(device),
+            attention_mask=mask_BT.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+    eos = eos_ids(model, tokenizer)
+    return [_cut_and_decode(tokenizer, row, eos) for row in out_BT[:, width:].tolist()]
+
+
+def is_hylo(model: Any) -> bool:
+    """True for a ``HyLoForCausalLM`` (its config lists ``mixer_types``)."""
+    return hasattr(getattr(model, "config", None), "mixer_types")
+
+
+def _device_type(model: Any) -> str:
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return "cpu" if param is None else param.device.type
+
+
+def resolve_engine(model: Any, engine: str) -> str:
+    """``generate`` or ``native``: ``auto`` picks native for a HyLo model on CUDA, generate otherwise.
+
+    Raises:
+        ValueError: an unknown engine name.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "auto":
+        return "native" if is_hylo(model) and _device_type(model) == "cuda" else "generate"
+    return engine
+
+
+class NativeDecoder:
+    """Greedy decoding through :func:`hylo_bench.serving.engine.make_engine` (batch 1 per prompt, since prompts
+    differ in length): stops at the first EOS (:func:`eos_ids`) or after ``max_new_tokens``, as ``generate``
+    does. Decoding is pure greedy argmax: logits processors in the model's ``generation_config`` (e.g.
+    ``repetition_penalty``) are not applied (a warning says so). The engine is rebuilt when a prompt needs more
+    cache than it holds; CUDA graphs are used for HyLo models on CUDA.
+
+    Raises:
+        ValueError: a model the engine cannot serve (not HyLo, not a Llama / Qwen3-style transformer).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any):
+        if not (is_hylo(model) or hasattr(getattr(model, "model", None), "layers")):
+            raise ValueError(f"engine='native' serves HyLoForCausalLM and Llama/Qwen3-style transformers; got "
+                             f"{type(model).__name__}. Use engine='generate'")
+        self.model, self.tokenizer = model, tokenizer
+        self.eos = eos_ids(model, tokenizer)
+        self.cuda_graphs = is_hylo(model) and _device_type(model) == "cuda"
+        self.engine: Any = None
+        self.capacity = 0
+        gen_cfg = getattr(model, "generation_config", None)
+        penalty = getattr(gen_cfg, "repetition_penalty", None)
+        if penalty not in (None, 1.0):
+            logger.warning("generation_config.repetition_penalty=%s is not applied by the native engine (pure "
+                           "greedy); use engine='generate' to apply it", penalty)
+        self._ensure(1)  # fail now for a model the engine cannot serve
+
+    def _ensure(self, needed_tokens: int) -> Any:
+        if needed_tokens > self.capacity:
+            from hylo_bench.serving.engine import make_engine
+
+            self.engine = None  # free the old caches before allocating larger ones
+            capacity = -(-needed_tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
+            self.engine = make_engine(self.model, 1, capacity, PREFILL_CHUNK_TOKENS, cuda_graphs=self.cuda_graphs)
+            self.capacity = capacity
+        return self.engine
+
+    def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+        import torch
+
+        texts = []
+        for ids in prompt_ids:
+            engine = self._ensure(len(ids) + max_new_tokens - 1)
+            tokens = engine.generate_until(torch.tensor([ids], dtype=torch.long), max_new_tokens, self.eos)
+            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return texts
+
+
+def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -> Decoder:
+    """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``.
+
+    Raises:
+        ValueError: unknown engine, or ``native`` for a model the engine cannot serve.
+    """
+    if resolve_engine(model, engine) == "generate":
+        return functools.partial(generate_batch, model, tokenizer)
+    if batch_size > 1:
+        logger.warning("batch_size=%d ignored by the native engine: it decodes one prompt at a time", batch_size)
+    return NativeDecoder(model, tokenizer)

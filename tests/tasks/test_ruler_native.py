@@ -1,0 +1,98 @@
+"""RULER through the native serving engine: a tiny HyLo model's predictions equal transformers generate()'s, the
+engine stops at a stop token exactly as generate() does, and engine selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.serving.engine import Engine
+from hylo_bench.tasks.ruler import decoding, evaluate_model
+from hylo_bench.tasks.ruler.decoding import NativeDecoder, make_decoder, resolve_engine
+from tests.conftest import tiny_hybrid_config
+from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _quiet, build_small_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_small_tokenizer()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _hylo(tok, **kw) -> HyLoForCausalLM:
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config(vocab_size=len(tok), max_position_embeddings=2048, **kw)).eval()
+    with torch.no_grad():  # sharper logits: greedy ties cannot hide a mismatch
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3)
+    return model
+
+
+def _predictions(results_dir: Path) -> list[list[str]]:
+    return [[json.loads(line)["prediction"] for line in f.read_text().splitlines()]
+            for f in sorted((results_dir / "predictions").glob("*.jsonl"))]
+
+
+@pytest.mark.parametrize("kind", [{}, {"linear_type": "mamba"}], ids=["mla-gdn", "mla-mamba2"])
+def test_native_engine_predictions_equal_generate(tok, tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(decoding, "PREFILL_CHUNK_TOKENS", 300)  # several prefill chunks per prompt
+    model = _hylo(tok, **kind)
+    tasks = ["niah_single_1", "ruler_vt"]
+    via_generate = evaluate_model(model, tok, INFO, _cfg(tmp_path / "g", tasks=tasks, engine="generate"),
+                                  console=_quiet())
+    via_engine = evaluate_model(model, tok, INFO, _cfg(tmp_path / "n", tasks=tasks, engine="native"),
+                                console=_quiet())
+    want, got = _predictions(tmp_path / "g"), _predictions(tmp_path / "n")
+    assert got == want and [len(p) for p in got] == [2] * len(tasks) and all(t for p in got for t in p)
+    assert via_engine["scores"] == via_generate["scores"]
+    doc = json.loads(Path(via_engine["results_path"]).read_text())
+    assert doc["provenance"]["engine"] == "native"
+
+
+def test_generate_until_stops_like_generate(tok):
+    model = _hylo(tok)
+    torch.manual_seed(1)
+    ids = torch.randint(3, len(tok), (1, 37))
+    full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, 37:].tolist()
+    engine = Engine(model, max_batch=1, max_context=64, prefill_chunk=16)
+    assert engine.generate_until(ids, 12, set()) == full
+    assert engine.generate_until(ids, 5, set()) == full[:5]
+    stop = full[6]
+    assert engine.generate_until(ids, 12, {stop}) == full[: full.index(stop)]
+    with torch.no_grad():
+        stopped = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=0)[0, 37:].tolist()
+    assert stopped[: full.index(stop)] == full[: full.index(stop)] and stopped[full.index(stop)] == stop
+    with pytest.raises(ValueError, match="one prompt"):
+        Engine(model, max_batch=2, max_context=64).generate_until(ids.repeat(2, 1), 4, set())
+
+
+def test_native_decoder_grows_its_cache_and_engine_selection(tok, monkeypatch):
+    monkeypatch.setattr(decoding, "CAPACITY_STEP_TOKENS", 64)
+    model = _hylo(tok)
+    dec = NativeDecoder(model, tok)
+    assert dec.capacity == 64
+    prompt = list(range(3, 90))
+    texts = dec([prompt, prompt[:10]], 8)
+    assert dec.capacity == 128 and len(texts) == 2
+    assert texts == decoding.generate_batch(model, tok, [prompt], 8) + decoding.generate_batch(model, tok,
+                                                                                                 [prompt[:10]], 8)
+    assert resolve_engine(model, "auto") == "generate"  # HyLo on CPU: generate(); native only on CUDA
+    assert resolve_engine(model, "native") == "native"
+    with pytest.raises(ValueError, match="Use engine='generate'"):
+        make_decoder(DyingLM(tok, {}), tok, "native")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        _cfg(Path("."), engine="vllm")
