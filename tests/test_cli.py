@@ -49,3 +49,17 @@ def test_ruler_json_contract(tiny_base_dir, tmp_path):
     assert 0 <= obj["mean"]["1024"] <= 100
     saved = [p for p in tmp_path.glob("ruler-*.json")]
     assert len(saved) == 1 and json.loads(saved[0].read_text())["records"][0]["n"] == 2
+
+
+def test_ruler_resume_engine_and_devices_flags(tiny_base_dir, tmp_path):
+    args = ["ruler", "--model", str(tiny_base_dir), "--lengths", "1k", "--tasks", "niah_single_1", "--samples", "2",
+            "--results-dir", str(tmp_path), "--json", "--device", "cpu"]
+    first = runner.invoke(app, [*args, "--engine", "generate"])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, [*args, "--resume", "--engine", "native"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["scores"] == json.loads(first.stdout)["scores"]
+    doc = json.loads(open(json.loads(again.stdout)["results_path"]).read())
+    assert doc["config"]["resume"] is True and doc["provenance"]["engine"] == "native"
+    res = runner.invoke(app, [*args, "--devices", "0"])
+    assert res.exit_code == 2 and "devices must be >= 1" in res.output

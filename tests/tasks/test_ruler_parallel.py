@@ -99,3 +99,23 @@ def test_device_errors_are_actionable(tmp_path, monkeypatch):
         run_parallel(_cfg(tmp_path, devices=2))
     with pytest.raises(ValueError, match="devices must be >= 1"):
         _cfg(tmp_path, devices=0)
+
+
+def test_consolidate_merges_shards_of_any_world_size(tmp_path):
+    from hylo_bench.tasks.ruler import predictions as P
+
+    samples = [{"index": i, "prompt": f"prompt {i}"} for i in range(5)]
+    path = P.predictions_path(tmp_path, task="ruler_vt", length_tokens=1024, model_hash="m" * 64, dtype="float32",
+                              tok_hash="t" * 64, data_hash="d" * 64, seed=42, flavor="nvidia", chat_template=False,
+                              max_gen_toks=30)
+    assert path.name == (f"ruler_vt-1024-nvidia-modelmmmmmmmmmmmm-float32-toktttttttttttt-seed42-haydddddddd-gen30-"
+                         f"v{P.GENERATOR_VERSION}.jsonl")
+    rows = [P.prediction_row(samples[0], "a"), P.prediction_row(samples[2], "c")]
+    P.append_predictions(P.shard_path(path, 0, 2), rows)
+    P.append_predictions(P.shard_path(path, 1, 2), [P.prediction_row(samples[1], "b")])
+    P.append_predictions(P.shard_path(path, 2, 3), [P.prediction_row(samples[4], "e")])
+    assert P.consolidate(path, samples) == {0: "a", 1: "b", 2: "c", 4: "e"}
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert [json.loads(line)["index"] for line in path.read_text().splitlines()] == [0, 1, 2, 4]
+    P.discard(path)
+    assert not path.exists()

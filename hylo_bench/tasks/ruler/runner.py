@@ -209,8 +209,9 @@ def _version(package: str) -> str:
 def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                shard: Shard | None = None) -> dict:
     """What produced a results file: model and tokenizer hashes, generator version, flavor, seed, samples, batch
-    size, parameter dtype and device (read from the model; rank 0's), number of processes, decoding engine, torch / transformers / Python versions, git sha, and
-    the sha256 of the essay text and of each QA data file used."""
+    size, parameter dtype and device (read from the model; rank 0's), number of processes, decoding engine,
+    torch / transformers / Python versions, git sha, and the sha256 of the essay text and of each QA data file
+    used."""
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     qa_files = {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES}
     return {
