@@ -61,6 +61,8 @@ def run_rank(cfg: RulerConfig, rank: int, world_size: int, local_rank: int, init
     device = worker_device(cfg.device, local_rank)
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    else:  # Triton / FLA kernels launch on the current device
+        torch.cuda.set_device(local_rank)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=BARRIER_TIMEOUT_S))
     try:
