@@ -1,6 +1,8 @@
 """RULER (arXiv:2404.06654) for hylo-bench: the 13 tasks (11 synthetic, 2 QA from local SQuAD / HotpotQA files)
 in two flavors (NVIDIA/RULER's prompts or lm-eval 0.4.13's port), generation sized to each model's tokenizer,
-string-match scoring, length-weighted averages, and a cached, resumable runner.
+string-match scoring, length-weighted averages, and a cached runner that stores per-sample predictions (resumable
+mid-(task, length)), shards samples over processes (``parallel``) and decodes through ``generate()`` or the native
+serving engine (``decoding``).
 
 Spec: /work/shared/reference/ruler.md; differences between flavors: docs/ruler.md. Public API: ``generate_sample``,
 ``score_prediction``, ``TASKS``, ``list_tasks``, ``select_tasks``, ``RulerConfig``, ``run``, ``evaluate_model``,
