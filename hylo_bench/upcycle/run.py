@@ -206,8 +206,8 @@ def run(cfg: UpcycleConfig) -> dict:
     """
     from hylo_bench.models.loading import default_device
     from hylo_bench.upcycle.data import load_corpus
-    from hylo_bench.upcycle.losses import eval_kl
-    from hylo_bench.upcycle.metrics import TrainLog, peak_flops_for
+    from hylo_bench.upcycle.train.losses import eval_kl
+    from hylo_bench.upcycle.train.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
@@ -305,9 +305,9 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                 device: str, train_log, peak_flops: float | None, corpus):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
     from hylo_bench.models.checkpoint import load_hylo
-    from hylo_bench.upcycle.losses import eval_kl
-    from hylo_bench.upcycle.metrics import train_flops_per_token
-    from hylo_bench.upcycle.trainer import StageOptions, train_stage
+    from hylo_bench.upcycle.train.losses import eval_kl
+    from hylo_bench.upcycle.train.metrics import train_flops_per_token
+    from hylo_bench.upcycle.train.trainer import StageOptions, train_stage
 
     out = Path(cfg.out)
     manifest_path = out / "manifest.json"

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from hylo_bench.upcycle import trainer as trainer_mod
-from hylo_bench.upcycle.metrics import TrainLog, train_flops_per_token
+from hylo_bench.upcycle.train import trainer as trainer_mod
+from hylo_bench.upcycle.train.metrics import TrainLog, train_flops_per_token
 from hylo_bench.upcycle.run import UpcycleConfig, run
-from hylo_bench.upcycle.trainer import cosine_lr
+from hylo_bench.upcycle.train.trainer import cosine_lr
 
 KEYS = {"stage", "stage_index", "kind", "step", "tokens_seen", "loss", "kl", "lr", "grad_norm", "tokens_per_s", "mfu",
         "peak_memory_bytes", "memory_kind", "step_time_s", "wall_time_s", "time_utc"}
@@ -117,7 +117,7 @@ def test_missing_tensorboard_is_reported(tmp_path, caplog, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_tb)
     log = TrainLog(tmp_path, tensorboard=True)
-    with caplog.at_level(logging.INFO, logger="hylo_bench.upcycle.metrics"):
+    with caplog.at_level(logging.INFO, logger="hylo_bench.upcycle.train.metrics"):
         log.start_stage(0, "kd-8k", 0)
     log.log({"stage": "kd-8k", "stage_index": 0, "step": 1, "loss": 1.0})
     log.close()

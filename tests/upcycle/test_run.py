@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hylo_bench.models.checkpoint import load_hylo
-from hylo_bench.upcycle import trainer as trainer_mod
+from hylo_bench.upcycle.train import trainer as trainer_mod
 from hylo_bench.upcycle.run import UpcycleConfig, run
 from hylo_bench.upcycle.stages import parse_stages
 from hylo_bench.upcycle.transfer import hybrid_config_for, init_student

@@ -3,7 +3,7 @@
 One function, :func:`train_stage`, runs an ILD or KD stage on a fixed tensor of windows. Every
 ``save_every`` optimizer steps it writes ``resume.pt`` atomically: student weights, optimizer, step and
 losses, so an interrupted stage restarts from the last save with the same next batches. Every step also goes
-to ``OUT/train_log.jsonl`` (and TensorBoard) through :class:`hylo_bench.upcycle.metrics.TrainLog`.
+to ``OUT/train_log.jsonl`` (and TensorBoard) through :class:`hylo_bench.upcycle.train.metrics.TrainLog`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hylo_bench.io_utils import atomic_write_bytes
-from hylo_bench.upcycle.losses import ild_loss, kd_loss
-from hylo_bench.upcycle.metrics import TrainLog, peak_memory_bytes, utc_now
+from hylo_bench.upcycle.train.losses import ild_loss, kd_loss
+from hylo_bench.upcycle.train.metrics import TrainLog, peak_memory_bytes, utc_now
 from hylo_bench.upcycle.stages import Stage
 
 
