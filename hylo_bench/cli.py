@@ -310,6 +310,8 @@ def compare(
         _fail(e)
     C.write_outputs(result, md, html_out)
     typer.echo(C.to_markdown(result))
+    if len(result.rows) == 0:  # a gate that compared nothing must not pass
+        _fail(ValueError(f"{base} and {cand} share no metric (task, length, metric): nothing was compared"))
     raise typer.Exit(1 if result.num_regressions else 0)
 
 
@@ -420,6 +422,10 @@ def sweep(
     from hylo_bench.upcycle.stages import parse_length
 
     try:
+        if device is not None:
+            from hylo_bench.models.loading import check_device
+
+            check_device(device)  # before any worker process loads a model
         cfg = SweepConfig(
             model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
             batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,

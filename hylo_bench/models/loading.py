@@ -33,6 +33,25 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str) -> str:
+    """Validate a ``--device`` value before any loading; returns it.
+
+    Raises:
+        ValueError: not a torch device name (``cpu``, ``cuda``, ``cuda:1``...), or CUDA asked for but not available.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {device!r}: not a torch device ({exc}); use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device; use "
+                             f"--device cpu or install a CUDA build of torch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return device
+
+
 def default_dtype(device: str) -> torch.dtype:
     """bf16 on GPU (as the released model cards say), fp32 on CPU (bf16 CPU matmuls are slow and inexact)."""
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
@@ -82,7 +101,7 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
 
     from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
 
-    device = device or default_device()
+    device = check_device(device or default_device())
     dtype = dtype or default_dtype(device)
     d = resolve_checkpoint_dir(spec)
     if (d / HYBRID_CONFIG_NAME).is_file():

@@ -174,16 +174,35 @@ def _layout(hybrid_config: dict[str, Any]) -> str | None:
     return "".join(f"{types.count(t)}{t.upper()}" for t in dict.fromkeys(types))
 
 
+_MEASURE_SUFFIXES = ("_s", "_gib", "_bytes", "_tokens", "_per_s", "_pct", "_flops")
+
+
+def _is_measure(key: str) -> bool:
+    """Record keys that carry a measured quantity by the benchmark convention (unit in the name: ``ttft_s``,
+    ``peak_memory_gib``, ``tokens_per_s``, ``mfu``, ``seq_len``...): they must be numbers (or null)."""
+    return key in ("seq_len", "batch_size", "mfu", "n_gpus") or key.endswith(_MEASURE_SUFFIXES)
+
+
 def _benchmark(obj: dict[str, Any], source: str) -> RunRecord:
     if not isinstance(obj["benchmark"], str) or not obj["benchmark"]:
         raise ValueError(f"benchmark: expected a non-empty string, got {obj['benchmark']!r}")
     records = obj["records"]
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise ValueError("records: expected a list of flat objects")
+    if not records:
+        raise ValueError("records: expected at least one record, got none")
     for i, rec in enumerate(records):
         nested = [k for k, v in rec.items() if isinstance(v, (dict, list))]
         if nested:
             raise ValueError(f"records[{i}]: expected a flat record, but {nested} hold nested values")
+        for key, value in rec.items():
+            if value is None or key == "seq_len" or not _is_measure(key):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"records[{i}].{key}: expected a number (or null), got {value!r}")
+        if "seq_len" in rec and rec["seq_len"] is not None and (
+                not isinstance(rec["seq_len"], int) or isinstance(rec["seq_len"], bool) or rec["seq_len"] <= 0):
+            raise ValueError(f"records[{i}].seq_len: expected a positive number of tokens, got {rec['seq_len']!r}")
     created = _iso(obj["created_utc"]) if isinstance(obj.get("created_utc"), str) else _now()
     points = [{"idx": i, "benchmark": obj["benchmark"], "record": rec} for i, rec in enumerate(records)]
     return RunRecord(natural_key=content_hash(obj), kind="benchmark", source=source, model=obj["benchmark"],

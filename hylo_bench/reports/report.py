@@ -262,6 +262,8 @@ def build_report(
         ValueError: if no results are found, or (strict, files only) a result file is malformed.
     """
     results_dir, out_html = Path(results_dir), Path(out_html)
+    if out_html.is_dir():
+        raise ValueError(f"-o {str(out_html)!r} is a directory; give the HTML file to write, e.g. {out_html / 'report.html'}")
     if not files_only:
         from hylo_bench.reports.store_report import build_store_report
 

@@ -177,7 +177,12 @@ def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-res
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise ValueError(f"results store URL {url!r}: {exc}; use a file path or e.g. sqlite:///results.sqlite, "
                          f"postgresql://user@host/db") from None
-    migrate(engine)
+    try:
+        migrate(engine)
+    except sa.exc.SQLAlchemyError as exc:
+        shown = engine.url.render_as_string(hide_password=True)
+        raise ValueError(f"results store {shown}: cannot open it ({type(exc.orig or exc).__name__}: "
+                         f"{str(exc.orig or exc).strip().splitlines()[0]}); check --db / ${DB_ENV}") from None
     return engine
 
 
@@ -312,9 +317,15 @@ def sync_dir(engine: Engine, root: str | Path) -> tuple[list[SaveOutcome], list[
     for path in sorted(root.rglob("*.json")):
         try:
             obj = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            # An unreadable .json does not say its kind (a results file cut off mid-write, say): list it, do not hide it.
+            logger.warning("report: %s is not readable JSON (%s); skipped", path, exc)
+            skipped.append((str(path), f"not readable JSON: {exc}"))
+            continue
+        try:
             kind = detect_kind(obj)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError):
-            continue  # not a results file (or not JSON): nothing claims it is one
+        except ValueError:
+            continue  # valid JSON of no results kind (configs, tokenizer files): not ours to judge
         if kind == "eval-summary" and Path(str(obj.get("lm_eval_results", ""))).is_file():
             continue  # the same scores, with stderr, are in lm-eval's own results file (imported on its own)
         try:

@@ -19,17 +19,20 @@ from typing import Any
 BF16_BYTES = 2
 FP32_BYTES = 4
 VLLM_MLA_ALIGNMENT_TOKENS = 128  # vllm.md §6.1 step 3: block alignment with MLA is at least 128
-_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 
 
 def parse_bytes(text: str) -> int:
-    """``"141GiB"`` -> 151397597184, ``"80GB"`` -> 80e9, ``"512MiB"``, ``"1024"`` (bytes).
+    """``"141GiB"`` -> 151397597184, ``"80GB"`` -> 80e9, ``"512MiB"``, ``"1024B"``; ``"0"`` is 0. A bare non-zero
+    number is refused (is ``80`` bytes or GiB?).
 
     Raises:
         ValueError: on an unknown unit or a malformed number.
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if m and not m.group(2) and float(m.group(1)) == 0:
+        return 0
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"memory size {text!r}: expected a number with a unit such as 141GiB, 80GB or 512MiB")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

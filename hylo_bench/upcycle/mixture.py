@@ -197,7 +197,13 @@ def load_mixture(path: str | Path) -> Mixture:
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"--data {p}: no such mixture file")
-    mix = parse_mixture(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ValueError(f"--data {p}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    mix = parse_mixture(raw, str(p))
     for src in mix.sources:
         docs = _read_hub(src) if src.hub is not None else _read_local(src, p.parent)
         order = list(range(len(docs)))

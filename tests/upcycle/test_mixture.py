@@ -173,3 +173,12 @@ def test_upcycle_with_mixture_resumes_the_stream(tiny_base_dir, tmp_path, monkey
     assert [e["sampler_state_end"] for e in resumed["stages"]] == [e["sampler_state_end"] for e in st]
     a, b = load_hylo(tmp_path / "ref", dtype=None).state_dict(), load_hylo(tmp_path / "cut", dtype=None).state_dict()
     assert all(torch.equal(v, b[k]) for k, v in a.items())
+
+
+def test_broken_yaml_names_the_file_and_line(tmp_path):
+    from hylo_bench.upcycle.mixture import load_mixture
+
+    bad = tmp_path / "mix.yaml"
+    bad.write_text("sources:\n  - path: a.txt\n    weight: [\n")
+    with pytest.raises(ValueError, match=r"--data .*mix.yaml: not valid YAML \(line \d+, column \d+\)"):
+        load_mixture(bad)
