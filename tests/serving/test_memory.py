@@ -81,7 +81,7 @@ def test_backbone_param_counts_are_the_public_model_sizes():
 
 def test_max_context_and_parse_bytes():
     assert M.parse_bytes("141GiB") == 141 * GIB and M.parse_bytes("80GB") == 80 * 10 ** 9
-    assert M.parse_bytes("1024") == 1024 and M.parse_bytes("1.5 KiB") == 1536
+    assert M.parse_bytes("1024B") == 1024 and M.parse_bytes("1.5 KiB") == 1536 and M.parse_bytes("0") == 0
     with pytest.raises(ValueError, match="141GiB"):
         M.parse_bytes("12 parsecs")
     assert M.max_context_tokens(1000, 200, 8) == 100 and M.max_context_tokens(100, 200, 8) == 0
