@@ -183,13 +183,13 @@ def _is_measure(key: str) -> bool:
     return key in ("seq_len", "batch_size", "mfu", "n_gpus") or key.endswith(_MEASURE_SUFFIXES)
 
 
-def _benchmark(obj: dict[str, Any], source: str) -> RunRecord:
+def _benchmark(obj: dict[str, Any], source: str, *, allow_empty: bool = False) -> RunRecord:
     if not isinstance(obj["benchmark"], str) or not obj["benchmark"]:
         raise ValueError(f"benchmark: expected a non-empty string, got {obj['benchmark']!r}")
     records = obj["records"]
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise ValueError("records: expected a list of flat objects")
-    if not records:
+    if not records and not allow_empty:  # a sweep file starts empty and grows point by point
         raise ValueError("records: expected at least one record, got none")
     for i, rec in enumerate(records):
         nested = [k for k, v in rec.items() if isinstance(v, (dict, list))]
@@ -214,7 +214,7 @@ def _benchmark(obj: dict[str, Any], source: str) -> RunRecord:
 def _sweep(obj: dict[str, Any], source: str) -> RunRecord:
     """A ``hylo-bench sweep`` file: benchmark records, but the run is keyed on everything except the growing
     ``records`` (and ``device``, filled in by the first point), so re-importing a grown file adds only new points."""
-    rec = _benchmark(obj, source)
+    rec = _benchmark(obj, source, allow_empty=True)
     rec.kind = "sweep"
     rec.natural_key = content_hash(_without(obj, ("records", "device")))
     rec.model = str(obj.get("model") or obj["benchmark"])
