@@ -372,19 +372,9 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
 
 def _record_in_store(lm_eval_path: Path, cfg: EvalConfig) -> None:
     """Add lm-eval's results file to the results store; a failure is logged (``hylo-bench import`` adds it later)."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from hylo_bench.reports import store
 
-    try:
-        engine = store.open_store(None, cfg.output_dir)
-        try:
-            store.import_files(engine, [lm_eval_path])
-        finally:
-            engine.dispose()
-    except (ValueError, SQLAlchemyError) as exc:
-        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later",
-                       exc, lm_eval_path)
+    store.record(lm_eval_path, results_dir=cfg.output_dir)
 
 
 def run(cfg: EvalConfig) -> dict:

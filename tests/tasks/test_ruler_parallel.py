@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from hylo_bench.tasks.ruler import RulerConfig, evaluate_model, generate_sample, run
 from hylo_bench.tasks.ruler.parallel import run_parallel, worker_device
 from hylo_bench.tasks.ruler.runner import Shard
-from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _half_oracle, _quiet, build_small_tokenizer
+from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _half_oracle, _quiet, build_small_tokenizer, tiny_llama_config
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +63,7 @@ def test_two_shards_split_the_samples_and_match_one_process(tok, tmp_path):
 
 def test_spawned_cpu_workers_equal_one_process(tok, tmp_path):
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1280, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+    config = tiny_llama_config(tok)
     ckpt = tmp_path / "ckpt"
     LlamaForCausalLM(config).save_pretrained(ckpt)
     tok.save_pretrained(ckpt)

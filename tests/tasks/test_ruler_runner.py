@@ -102,13 +102,18 @@ def _scripted(tok, cfg: RulerConfig, oracle: bool) -> ScriptedLM:
     return ScriptedLM(tok, answers)
 
 
-def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
-    torch.manual_seed(0)
-    config = LlamaConfig(
+def tiny_llama_config(tok) -> LlamaConfig:
+    """A 2-layer Llama (hidden 32) over the test tokenizer, long enough for 1K RULER prompts."""
+    return LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1280, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
+
+
+def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
+    torch.manual_seed(0)
+    config = tiny_llama_config(tok)
     cfg = _cfg(tmp_path)
     summary = evaluate_model(LlamaForCausalLM(config), tok, INFO, cfg, console=_quiet())
 

@@ -294,22 +294,11 @@ def _record_in_store(doc: dict, path: Path, results_dir: Path) -> None:
     A store failure is logged, not raised: the JSON file already holds the results (`hylo-bench import` it later).
     """
     try:
-        from sqlalchemy.exc import SQLAlchemyError
-
         from hylo_bench.reports import store
-        from hylo_bench.reports.ingest import parse_object
     except ImportError as exc:  # e.g. a GPU image with only the model stack on PYTHONPATH
         logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc, path)
         return
-
-    try:
-        engine = store.open_store(None, results_dir)
-        try:
-            store.save_runs(engine, [parse_object(doc, str(path))])
-        finally:
-            engine.dispose()
-    except (ValueError, SQLAlchemyError) as exc:
-        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc, path)
+    store.record(doc, path, results_dir=results_dir)
 
 
 def _param_dtype(model: Any) -> str:
