@@ -201,7 +201,7 @@ def parity_checks(run: Run, model, device: str) -> None:
 
 
 def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs: bool, reserve_s: float,
-          device: str, variant: str = "") -> dict:
+          device: str, variant: str = "", compile_step: bool = False) -> dict:
     """One context: allocate, estimate TTFT from two chunks, full run when it fits the budget, else estimated."""
     from hylo_bench.serving.engine import make_engine
     from hylo_bench.serving.sweep_worker import memory_model_gib
@@ -209,7 +209,7 @@ def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs
     chunk = min(chunk, T)
     rec = {"series": "hylo" if info["kind"] == "hybrid" else "baseline", "model": info["name"],
            "layout": info["layout"], "seq_len": T, "batch_size": 1, "decode_steps": steps, "prefill_chunk": chunk,
-           "cuda_graphs": graphs, "variant": variant}
+           "cuda_graphs": graphs, "compile": compile_step, "variant": variant}
     rec.update(memory_model_gib(model, info, 1, T + steps))
     cfg = model.config
     if info["kind"] == "hybrid":
@@ -222,7 +222,8 @@ def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs
     try:
         if device != "cpu":
             torch.cuda.reset_peak_memory_stats()
-        engine = make_engine(model, 1, T + steps, chunk, cuda_graphs=graphs)
+        engine = make_engine(model, 1, T + steps, chunk, cuda_graphs=graphs,
+                             **({"compile": True} if compile_step else {}))
         rec["kv_cache_gib"] = sum(engine.cache_bytes().values()) / GIB
         rec["decode_bytes_per_token"] = decode_bytes_per_token(model, engine, T, 1)
         n_chunks = math.ceil(T / chunk)
@@ -276,7 +277,8 @@ def bandwidth_record(run: Run, rec: dict, bw: float) -> None:
         return
     bound = rec["decode_bytes_per_token"] / bw
     run.add({"check": "bandwidth_bound", "series": rec["series"], "seq_len": rec["seq_len"], "batch_size": 1,
-             "cuda_graphs": rec["cuda_graphs"], "tpot_s": rec["tpot_s"],
+             "cuda_graphs": rec["cuda_graphs"], "compile": rec.get("compile", False), "variant": rec.get("variant", ""),
+             "tpot_s": rec["tpot_s"],
              "bytes_per_token": rec["decode_bytes_per_token"], "copy_bandwidth_gb_per_s": bw / 1e9,
              "bound_tpot_s": bound, "fraction_of_bound": bound / rec["tpot_s"], "status": "ok"})
 
@@ -303,8 +305,8 @@ def summarise(env: dict) -> dict:
             s["ttft_flops_estimate_s"] = {str(r["seq_len"]): r["prefill_attention_flops"] / tflops / 1e12
                                           for r in est}
         bw = [r for r in recs if r.get("check") == "bandwidth_bound" and r.get("series") == series]
-        s["bandwidth_bound_fraction"] = {("graphs" if r["cuda_graphs"] else "eager"): r["fraction_of_bound"]
-                                         for r in bw}
+        s["bandwidth_bound_fraction"] = {(r.get("variant") or ("graphs" if r["cuda_graphs"] else "eager")):
+                                         r["fraction_of_bound"] for r in bw}
         out[series] = s
     return out
 
@@ -317,6 +319,12 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=128)
     ap.add_argument("--prefill-chunk", default="32k")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--compile-variant", default="", help="Contexts (e.g. 8k,64k) that also run a variant "
+                    "'compiled': torch.compile'd decode step inside the CUDA graph.")
+    ap.add_argument("--eager-variant", action="store_true", help="Also run the 64K point without CUDA graphs.")
+    ap.add_argument("--no-checks", action="store_true", help="Skip the GPU parity checks.")
+    ap.add_argument("--reserve-s", type=float, default=None, help="Seconds kept back after each HyLo point "
+                    "(default: 150 to 256K, 100 to 1M, 80 beyond).")
     ap.add_argument("--smoke", action="store_true", help="Tiny models on CPU: checks the script's logic.")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serving_sweep.json")
     args = ap.parse_args()
@@ -324,8 +332,9 @@ def main() -> None:
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    contexts = [parse_length(c) for c in args.contexts.split(",")]
-    base_contexts = [parse_length(c) for c in args.baseline_contexts.split(",")]
+    contexts = [parse_length(c) for c in args.contexts.split(",") if c.strip()]
+    base_contexts = [parse_length(c) for c in args.baseline_contexts.split(",") if c.strip() not in ("", "none")]
+    compile_at = {parse_length(c) for c in args.compile_variant.split(",") if c.strip()}
     chunk = parse_length(args.prefill_chunk)
     steps = args.decode_steps
     if args.smoke:
@@ -345,22 +354,29 @@ def main() -> None:
     hybrid, hinfo = build("hybrid", device, dtype, args.smoke)
     env["hybrid_build_s"] = time.monotonic() - t0
     env["hybrid_params"] = sum(p.numel() for p in hybrid.parameters())
-    parity_checks(run, hybrid, device)
+    if not args.no_checks:
+        parity_checks(run, hybrid, device)
 
     # HyLo first, longest contexts last: 1M runs in full when its chunk-timed estimate fits the budget minus a
     # reserve for 2M (estimated) and the baseline series; 2M is expected to be estimated.
     reserves = {T: (150 if T <= 256 * 1024 else 100 if T <= 1024 * 1024 else 80) for T in contexts}
     if args.smoke:
         reserves = {T: 0 for T in contexts}
+    if args.reserve_s is not None:
+        reserves = {T: args.reserve_s for T in contexts}
     for T in sorted(contexts):
         rec = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=reserves[T],
                     device=device)
         if T == (256 if args.smoke else 65536):
             bandwidth_record(run, rec, bw)
-            if graphs:
+            if graphs and args.eager_variant:
                 eager = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=False, reserve_s=reserves[T],
                               device=device, variant="eager")
                 bandwidth_record(run, eager, bw)
+        if T in compile_at:
+            comp = point(run, hybrid, hinfo, T, steps=steps, chunk=chunk, graphs=graphs, reserve_s=reserves[T],
+                         device=device, variant="compiled", compile_step=True)
+            bandwidth_record(run, comp, bw)
     del hybrid
     free()
 

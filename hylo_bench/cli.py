@@ -405,6 +405,8 @@ def sweep(
     decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),
     prefill_chunk: str = typer.Option("8k", "--prefill-chunk", help="Native engine prefill chunk (tokens)."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture the decode step in a CUDA graph."),
+    compile_step: bool = typer.Option(False, "--compile", help="torch.compile the native decode step (HyLo "
+                                      "models; fuses the small kernels; the first step compiles for minutes)."),
     find_max: bool = typer.Option(False, "--find-max", help="Search the largest context that fits per batch size "
                                   "(doubling, then bisection)."),
     resolution: str = typer.Option("1k", "--find-max-resolution", help="Bisection resolution (tokens)."),
@@ -430,7 +432,7 @@ def sweep(
             model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
             batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,
             decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
-            find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
+            compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
             find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
             dtype=dtype, out=out, db=db, store=not no_store)
         run_with_progress(cfg, console, run)

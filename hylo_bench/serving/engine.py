@@ -268,6 +268,12 @@ class Engine(_EngineBase):
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch" or "fla" (:class:`hylo_bench.serving.linear_layer.LinearServing`).
+        compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA and GDN kernels
+            are opaque custom ops, :mod:`hylo_bench.serving.ops`) so Inductor fuses the small element-wise kernels
+            around them; composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
+            per batch size compiles (tens of seconds to minutes).
+        compile_mode: ``torch.compile`` mode; default "max-autotune-no-cudagraphs" on CUDA (the engine captures its
+            own graph), "default" elsewhere. compile_backend: ``torch.compile`` backend (default "inductor").
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), or non-positive sizes.
@@ -275,7 +281,8 @@ class Engine(_EngineBase):
     """
 
     def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
-                 cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto"):
+                 cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
+                 compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor"):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -297,6 +304,13 @@ class Engine(_EngineBase):
             self.slots.append(slot)
         self._graphs: dict[int, tuple] = {}
         self.graph_error: str | None = None
+        self.compiled = compile
+        self._step_fn = self._step
+        if compile:
+            mode = compile_mode or ("max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
+            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode,
+                                          backend=compile_backend)
+            logger.info("decode step compiled with torch.compile (mode %s, backend %s)", mode, compile_backend)
 
     def cache_bytes(self) -> dict[str, int]:
         """Bytes allocated for caches: ``{"mla_latent", "mla_key_scale", "linear_state"}``."""
@@ -384,7 +398,7 @@ class Engine(_EngineBase):
 
     def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if not self.use_graphs:
-            return self._step(tok, pos)
+            return self._step_fn(tok, pos)
         B = tok.shape[0]
         if B not in self._graphs:
             self._graphs[B] = self._capture(B, tok, pos)
@@ -401,12 +415,12 @@ class Engine(_EngineBase):
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # Triton compile / autotune outside the capture
-                self._step(s_tok, s_pos)
+            for _ in range(2):  # Triton compile / autotune (and torch.compile) outside the capture
+                self._step_fn(s_tok, s_pos)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            s_out = self._step(s_tok, s_pos)
+            s_out = self._step_fn(s_tok, s_pos)
         self.cuda_graphs = True
         logger.info("decode step captured in a CUDA graph (batch %d)", B)
         return graph, s_tok, s_pos, s_out

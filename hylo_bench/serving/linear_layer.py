@@ -15,8 +15,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.gated_delta import gated_delta_rule_step
 from hylo_bench.models.cache import map_state
+from hylo_bench.serving.ops import gdn_decode_step
 
 logger = logging.getLogger(__name__)
 GDN_DECODE_BACKENDS = ("auto", "torch", "fla")
@@ -112,14 +112,6 @@ class LinearServing:
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
         g = -m.A_log.to(dt).exp() * F.softplus(m.a_proj(x).to(dt) + m.dt_bias.to(dt))
         beta = m.b_proj(x).to(dt).sigmoid()
-        if self.gdn_backend == "fla":
-            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
-            o, new = fused_recurrent_gated_delta_rule(q, k, v, g=g.float(), beta=beta.to(q.dtype),
-                                                      initial_state=state.recurrent, output_final_state=True,
-                                                      use_qk_l2norm_in_kernel=True)
-        else:
-            o, new = gated_delta_rule_step(q, k, v, g, beta, state.recurrent, use_qk_l2norm_in_kernel=True)
-        state.recurrent.copy_(new)
+        o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
         o = m.o_norm(o.to(x.dtype), m.g_proj(x).view(B, 1, H, Vd))
         return m.o_proj(o.reshape(B, 1, H * Vd))

@@ -16,13 +16,17 @@ G extra cache elements per token (2.5 % for Qwen 7MLA: 8 on top of 320).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from hylo_bench.kernels.mla_decode import mla_decode
+from hylo_bench.kernels.mla_decode import select_mla_decode_backend
+from hylo_bench.serving.ops import mla_decode_op
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,6 +97,9 @@ class MLAServing:
         self.w_uk = w_uk.contiguous()
         self.inv_freq = mla.rotary.inv_freq.to(device=w.device)
         self.mscale = mla.rotary.mscale
+        if decode_backend == "auto":  # resolved once here, so a traced decode step sees a constant
+            decode_backend, reason = select_mla_decode_backend(w.device, w.dtype)
+            logger.info("MLA decode backend: %s (%s)", decode_backend, reason)
         self.decode_backend = decode_backend
 
     def new_slot(self, batch: int, capacity: int) -> MLACacheSlot:
@@ -189,7 +196,7 @@ class MLAServing:
             slot.key_scale[b_idx, positions] = ks[:, 0]
         rep = self.H // self.G
         q_lat = torch.einsum("bgrn,gnc->bgrc", q_nope[:, :, 0].unflatten(1, (self.G, rep)), self.w_uk.to(x.dtype))
-        o_lat = mla_decode(q_lat.flatten(1, 2), q_pe[:, :, 0], slot.latent[:B], positions + 1, scale=self.m.scale,
-                           key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
+        o_lat = mla_decode_op(q_lat.flatten(1, 2), q_pe[:, :, 0], slot.latent[:B], positions + 1, scale=self.m.scale,
+                              key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
         o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
         return self.m.out_proj(o.reshape(B, 1, self.H * self.V))

@@ -48,6 +48,7 @@ class SweepConfig:
         decode_steps: tokens generated per point (TPOT over all but the first).
         prefill_chunk_tokens: native engine prefill chunk.
         cuda_graphs: capture the native decode step in a CUDA graph (HyLo models on CUDA).
+        compile: ``torch.compile`` the native decode step (HyLo models; see ``Engine(compile=...)``).
         find_max: after the grid, search the largest context that fits per (model, batch): doubling from the
             largest one that fitted, then bisection down to ``find_max_resolution_tokens``.
         stop_after_oom: skip larger contexts of a (model, batch) series once one OOMs (recorded as skipped).
@@ -66,6 +67,7 @@ class SweepConfig:
     decode_steps: int = 128
     prefill_chunk_tokens: int = 8192
     cuda_graphs: bool = False
+    compile: bool = False
     find_max: bool = False
     find_max_resolution_tokens: int = 1024
     find_max_limit_tokens: int = 2 ** 26
@@ -194,7 +196,7 @@ class SweepRun:
         c = self.cfg
         spec = {"model": spec_model, "backend": c.backend, "seq_len": seq_len, "batch_size": batch,
                 "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": c.cuda_graphs,
-                "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0}
+                "compile": c.compile, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0}
         rec = run_worker(spec, c.point_timeout_s)
         return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
                          "point": kind, "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})

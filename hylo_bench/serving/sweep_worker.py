@@ -83,7 +83,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
 
     Spec keys: ``model`` (see :func:`hylo_bench.serving.build.build_model`), ``backend`` ("native" | "hf"),
-    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``device``, ``dtype``,
+    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional), ``device``, ``dtype``,
     ``warmup`` (bool), ``seed``.
     """
     import torch
@@ -114,7 +114,9 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         _, timings = _hf_generate_timed(model, ids, steps)
         rec["engine"] = "transformers-eager"
     else:
-        engine = make_engine(model, B, T + steps, spec["prefill_chunk"], cuda_graphs=spec.get("cuda_graphs", False))
+        kw = {"compile": True} if spec.get("compile") else {}  # make_engine passes it to HyLo engines only
+        engine = make_engine(model, B, T + steps, spec["prefill_chunk"], cuda_graphs=spec.get("cuda_graphs", False),
+                             **kw)
         rec["kv_cache_gib"] = sum(engine.cache_bytes().values()) / GIB
         w0 = time.perf_counter()
         if spec.get("warmup", True):  # compiles / autotunes kernels and captures the decode graph

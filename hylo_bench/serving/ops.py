@@ -1,0 +1,90 @@
+"""The engine's two kernel calls as ``torch.library`` custom ops, so ``torch.compile`` can trace a whole decode step.
+
+Inductor fuses the many small element-wise kernels of a decode step (RMSNorms, SwiGLU, RoPE, gates, the short
+convolutions) into a few; the Triton MLA decode kernel and fla's recurrent GDN step stay opaque calls. Outside
+``torch.compile`` the engine calls the implementations directly (a custom op costs a dispatcher round trip).
+
+Ops (namespace ``hylo``):
+- ``hylo::mla_decode``: :func:`hylo_bench.kernels.mla_decode.mla_decode` with a resolved back end.
+- ``hylo::gdn_decode_step``: one gated-delta-rule token, the recurrent state updated in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["gdn_decode_step", "mla_decode_op"]
+
+
+def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
+    from hylo_bench.kernels.mla_decode import mla_decode
+
+    return mla_decode(q_lat, q_rope, cache, lengths, scale=scale, key_scale=key_scale, backend=backend)
+
+
+@torch.library.custom_op("hylo::mla_decode", mutates_args=())
+def _mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, scale: float,
+                key_scale: torch.Tensor | None, backend: str) -> torch.Tensor:
+    return _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend)
+
+
+@_mla_decode.register_fake
+def _(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
+    dt = torch.float64 if q_lat.dtype == torch.float64 else torch.float32
+    return q_lat.new_empty(q_lat.shape, dtype=dt)
+
+
+def mla_decode_op(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *,
+                  scale: float, key_scale: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """Absorbed MLA decode attention; arguments and result as :func:`hylo_bench.kernels.mla_decode.mla_decode`
+    (q_lat [B, H, R], q_rope [B, H, P], cache [B, T, R + P], lengths [B] -> [B, H, R] float32), through the
+    ``hylo::mla_decode`` op while ``torch.compile`` traces, directly otherwise. ``backend``: "torch" or "triton"
+    (resolve "auto" before tracing: :func:`hylo_bench.kernels.mla_decode.select_mla_decode_backend`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.mla_decode(q_lat, q_rope, cache, lengths, scale, key_scale, backend)
+    return _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend)
+
+
+def _impl_gdn(q, k, v, g, beta, state, backend):
+    if backend == "fla":
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+        o, new = fused_recurrent_gated_delta_rule(q, k, v, g=g.float(), beta=beta.to(q.dtype), initial_state=state,
+                                                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    else:
+        from hylo_bench.kernels.gated_delta import gated_delta_rule_step
+
+        o, new = gated_delta_rule_step(q, k, v, g, beta, state, use_qk_l2norm_in_kernel=True)
+    state.copy_(new)
+    return o.to(q.dtype)
+
+
+@torch.library.custom_op("hylo::gdn_decode_step", mutates_args=("state",))
+def _gdn_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, backend: str) -> torch.Tensor:
+    return _impl_gdn(q, k, v, g, beta, state, backend)
+
+
+@_gdn_decode_step.register_fake
+def _(q, k, v, g, beta, state, backend):
+    return v.new_empty(v.shape, dtype=q.dtype)
+
+
+def gdn_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor, backend: str) -> torch.Tensor:
+    """One GDN decode token with q/k L2-normalised in the kernel; ``state`` updated in place.
+
+    Args:
+        q, k: [B, 1, H, K]. v: [B, 1, H, Vd]. g: [B, 1, H] log decay (float32). beta: [B, 1, H] in (0, 1).
+        state: [B, H, K, Vd] K-first recurrent state (float32; float64 for float64 models), overwritten.
+        backend: "fla" (fla's ``fused_recurrent_gated_delta_rule``, CUDA) or "torch"
+            (:func:`hylo_bench.kernels.gated_delta.gated_delta_rule_step`).
+
+    Returns:
+        o [B, 1, H, Vd] in q's dtype.
+
+    Reference: arXiv 2412.06464 eq. 10; fla 0.6.0 ``fla/ops/gated_delta_rule/fused_recurrent.py``.
+    """
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.gdn_decode_step(q, k, v, g, beta, state, backend)
+    return _impl_gdn(q, k, v, g, beta, state, backend)
