@@ -59,6 +59,14 @@ class ChunkLayout:
     num_chunks: int
 
 
+def varlen_chunk_size(cu_seqlens: torch.Tensor, chunk_size: int) -> int:
+    """The chunk length to use for packed documents: ``chunk_size``, or the next power of two >= the longest
+    document when that is smaller (short documents would otherwise be padded to a whole long chunk; the chunk
+    length changes only rounding, not the result)."""
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return max(1, min(chunk_size, 1 << max(0, longest - 1).bit_length()))
+
+
 def chunk_layout(cu_seqlens: torch.Tensor, total: int, chunk_size: int, device: torch.device | None = None
                  ) -> ChunkLayout:
     """Per-document chunk layout of ``total`` packed tokens (see the module docstring).

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
 from hylo_bench.kernels.gated_delta.reference import recurrent_update
-from hylo_bench.kernels.varlen import chunk_layout, gather_padded
+from hylo_bench.kernels.varlen import chunk_layout, gather_padded, varlen_chunk_size
 
 
 def chunk_gated_delta_rule_torch(
@@ -72,6 +72,7 @@ def chunk_gated_delta_rule_torch(
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={B}")
+        C = varlen_chunk_size(cu_seqlens, C)
         layout = chunk_layout(cu_seqlens, T, C, device=q.device)
         n_docs = len(layout.doc_last_chunk)
         if initial_state is not None and initial_state.shape != (n_docs, HV, K, V):

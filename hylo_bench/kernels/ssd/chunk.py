@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hylo_bench.kernels.ssd._common import check_inputs, compute_dtype, prepare_dt, repeat_groups
-from hylo_bench.kernels.varlen import chunk_layout, gather_padded
+from hylo_bench.kernels.varlen import chunk_layout, gather_padded, varlen_chunk_size
 
 DEFAULT_CHUNK_SIZE = 256  # Zebra-Llama's mamba_chunk_scan_combined chunk (checkpoint-format.md sec. 4.5)
 
@@ -65,6 +65,7 @@ def ssd_scan_chunked(
     if cu_seqlens is not None:
         if Bsz != 1:
             raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={Bsz}")
+        chunk_size = varlen_chunk_size(cu_seqlens, chunk_size)
         layout = chunk_layout(cu_seqlens, T, chunk_size, device=x.device)
         n_docs = len(layout.doc_last_chunk)
         if initial_state is not None and initial_state.shape != (n_docs, H, P, N):
