@@ -41,15 +41,18 @@ class PackedRows:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def select(self, index) -> "PackedRows":
+    def select(self, index) -> PackedRows:
         """Rows ``index`` (a list, slice or tensor of row indices); split records are kept for the whole set."""
         return PackedRows(self.input_ids[index], self.position_ids[index], self.splits, self.dropped, self.num_docs)
 
     def summary(self) -> dict:
-        """Counts for a manifest: rows, documents, documents split across rows, tokens dropped at the end."""
-        return {"rows": len(self), "seq_len": int(self.input_ids.shape[1]), "documents": self.num_docs,
-                "split_documents": len(self.splits),
-                "dropped_tokens": self.dropped["tokens"] if self.dropped else 0}
+        """Counts for a manifest: ``rows``, ``seq_len``, ``segments`` (document pieces in these rows: positions
+        equal to 0), ``mean_segment_tokens``, and of the packing they were taken from: ``documents`` packed,
+        ``split_documents`` (cut across rows) and ``dropped_tokens`` (at the end)."""
+        segments = int((self.position_ids == 0).sum())
+        return {"rows": len(self), "seq_len": int(self.input_ids.shape[1]), "segments": segments,
+                "mean_segment_tokens": self.input_ids.numel() / max(segments, 1), "documents": self.num_docs,
+                "split_documents": len(self.splits), "dropped_tokens": self.dropped["tokens"] if self.dropped else 0}
 
 
 class Packer:

@@ -95,22 +95,27 @@ def _pair(linear_type: str = "gdn"):
 def test_kd_and_ild_losses_on_packed_rows_are_token_weighted_document_means(linear_type):
     base, student = _pair(linear_type)
     torch.manual_seed(5)
-    lens = [[4, 8], [3, 5, 4]]  # two rows of 12 tokens, five documents
+    lens = [[4, 8], [7, 5]]  # two rows of 12 tokens, four documents
     ids = torch.randint(3, 200, (2, 12))
     pos = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lens])
+    with_ild = linear_type == "gdn"  # ILD runs the same packed layers; once is enough
     kd, _ = kd_loss(student, base, ids, chunk_size=7, position_ids=pos)
-    ild, logs = ild_loss(student, base, ids, position_ids=pos)
+    if with_ild:
+        ild, logs = ild_loss(student, base, ids, position_ids=pos)
     kd_ref = ild_ref = hid_ref = 0.0
     cu = cu_seqlens_from_position_ids(pos).tolist()
+    assert cu == [0, 4, 12, 19, 24]
     flat = ids.flatten()
     for s, e in zip(cu[:-1], cu[1:]):
         doc = flat[s:e][None]
         kd_ref += kd_loss(student, base, doc)[0] * (e - s) / 24
-        loss, lg = ild_loss(student, base, doc)
-        ild_ref += loss * (e - s) / 24
-        hid_ref += lg["ild_hidden"] * (e - s) / 24
+        if with_ild:
+            loss, lg = ild_loss(student, base, doc)
+            ild_ref += loss * (e - s) / 24
+            hid_ref += lg["ild_hidden"] * (e - s) / 24
     torch.testing.assert_close(kd, kd_ref, rtol=1e-10, atol=0)
-    torch.testing.assert_close(ild, ild_ref, rtol=1e-10, atol=0)
-    assert logs["ild_hidden"] == pytest.approx(hid_ref, rel=1e-10)
+    if with_ild:
+        torch.testing.assert_close(ild, ild_ref, rtol=1e-10, atol=0)
+        assert logs["ild_hidden"] == pytest.approx(hid_ref, rel=1e-10)
     plain, _ = kd_loss(student, base, ids, chunk_size=7)
     assert abs(plain.item() - kd.item()) > 1e-4  # boundaries change the loss: the check can fail
