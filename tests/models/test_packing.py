@@ -143,6 +143,13 @@ def test_packed_batch_of_two_rows_and_gradients():
     for n, p in model.named_parameters():
         if n in g_packed:
             torch.testing.assert_close(g_packed[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
+    model.zero_grad()
+    model.train()
+    model.model.gradient_checkpointing = True  # cu_seqlens reaches the layers through checkpoint() too
+    model(rows, cu_seqlens=cu).logits.pow(2).sum().backward()
+    for n, p in model.named_parameters():
+        if n in g_packed:
+            torch.testing.assert_close(g_packed[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
 
 
 def test_packed_labels_skip_cross_document_targets_and_bad_inputs_raise():
@@ -158,3 +165,55 @@ def test_packed_labels_skip_cross_document_targets_and_bad_inputs_raise():
         model(ids, cu_seqlens=CU, use_cache=True)
     with pytest.raises(ValueError, match="padding"):
         model(ids, attention_mask=torch.tensor([[0] + [1] * 18]), cu_seqlens=CU)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+HAS_FLA = __import__("importlib").util.find_spec("fla") is not None
+CU_GPU = [0, 100, 357, 358, 800, 1000]  # includes a one-token document
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_FLA, reason="needs a CUDA GPU and fla installed")
+def test_fla_varlen_forward_matches_torch_varlen():
+    """fla's chunk_gated_delta_rule / chunk_simple_gla with cu_seqlens against the torch per-document layout."""
+    from hylo_bench.kernels.gated_delta import gated_delta_rule
+    from hylo_bench.kernels.ssd import ssd_scan
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    cu = torch.tensor(CU_GPU, dtype=torch.int32, device=dev)
+    T, H, K, V = 1000, 4, 128, 256
+    q, k = torch.randn(1, T, H, K, device=dev).bfloat16(), torch.randn(1, T, H, K, device=dev).bfloat16()
+    v = torch.randn(1, T, H, V, device=dev).bfloat16()
+    g, beta = -torch.rand(1, T, H, device=dev) * 0.5, torch.rand(1, T, H, device=dev).bfloat16().float()
+    with torch.no_grad():
+        o_f, s_f = gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                    backend="fla", cu_seqlens=cu)
+        o_t, s_t = gated_delta_rule(q.float(), k.float(), v.float(), g, beta, use_qk_l2norm_in_kernel=True,
+                                    output_final_state=True, backend="torch", cu_seqlens=cu)
+    assert s_f.shape == (5, H, K, V) and _rel(o_f, o_t) < 2e-2 and _rel(s_f, s_t) < 2e-2
+    x, dt = torch.randn(1, T, 8, 64, device=dev).bfloat16(), torch.rand(1, T, 8, device=dev) * 0.1
+    A = -torch.rand(8, device=dev) - 0.5
+    B, C = torch.randn(1, T, 2, 64, device=dev).bfloat16(), torch.randn(1, T, 2, 64, device=dev).bfloat16()
+    with torch.no_grad():
+        y_f, _ = ssd_scan(x, dt, A, B, C, backend="fla", cu_seqlens=cu)
+        y_t, _ = ssd_scan(x.float(), dt, A, B.float(), C.float(), backend="torch", cu_seqlens=cu)
+    assert _rel(y_f, y_t) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("linear_type", ["gdn", "mamba"])
+def test_packed_row_per_document_logits_on_cuda(linear_type):
+    """bf16 on CUDA (MLA per-document flash loop; fla GDN forward when installed) against separate runs."""
+    model = _model(linear_type).to("cuda", torch.bfloat16)
+    lens = [100, 257, 1, 442, 200]
+    cu = torch.tensor([0, 100, 357, 358, 800, 1000], dtype=torch.int32, device="cuda")
+    ids = torch.randint(3, 97, (1, sum(lens)), device="cuda")
+    with torch.no_grad():
+        packed = model(ids, cu_seqlens=cu).logits[0]
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            assert _rel(packed[s:e], model(ids[:, s:e]).logits[0]) < 2e-2
