@@ -105,10 +105,12 @@ def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
 
 def varlen_causal_conv1d(x_BCT: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          pos_BT: torch.Tensor) -> torch.Tensor:
-    """Causal depthwise conv that restarts at every document: tap j (input t - j) counts only when the token
-    is at least j tokens into its document (``pos_BT >= j``), i.e. each document sees zero history.
+    """Causal depthwise conv that restarts at every document: each document sees zero history, i.e. the same
+    result as ``F.conv1d`` over each document alone with W - 1 zeros of left padding.
 
-    Same result as ``F.conv1d`` over each document alone with W - 1 zeros of left padding.
+    Computed as the ordinary causal conv of each row, then corrected at the few tokens whose window reaches
+    back across a document start (position within the document < W - 1): the taps on the previous document's
+    tokens are subtracted there. Extra memory is O(n_docs * W * C), not O(T * C).
 
     Args:
         x_BCT: [B, C, T] inputs. weight: [C, 1, W] depthwise kernel. bias: [C] or None.
@@ -118,11 +120,19 @@ def varlen_causal_conv1d(x_BCT: torch.Tensor, weight: torch.Tensor, bias: torch.
         [B, C, T] (no activation).
     """
     W = weight.shape[-1]
-    w = weight[:, 0].to(x_BCT.dtype)  # [C, W]; F.conv1d pairs w[:, W - 1 - j] with input t - j
-    y = x_BCT * w[:, W - 1, None]
-    for j in range(1, min(W, x_BCT.shape[-1])):
-        shifted = F.pad(x_BCT[..., :-j], (j, 0))
-        y = y + shifted * w[:, W - 1 - j, None] * (pos_BT >= j)[:, None, :].to(x_BCT.dtype)
-    if bias is not None:
-        y = y + bias.to(x_BCT.dtype)[:, None]
-    return y
+    C = x_BCT.shape[1]
+    w = weight.to(x_BCT.dtype)
+    y = F.conv1d(F.pad(x_BCT, (W - 1, 0)), w, None if bias is None else bias.to(x_BCT.dtype), groups=C)
+    if W == 1:
+        return y
+    b_idx, t_idx = torch.nonzero((pos_BT < W - 1) & (pos_BT < torch.arange(pos_BT.shape[1], device=pos_BT.device)),
+                                 as_tuple=True)  # near a document start, and not the row start (zero-padded)
+    if b_idx.numel() == 0:
+        return y
+    pos = pos_BT[b_idx, t_idx]
+    corr = x_BCT.new_zeros(b_idx.numel(), C)
+    for j in range(1, W):  # F.conv1d pairs w[:, 0, W - 1 - j] with input t - j
+        src = t_idx - j
+        cross = ((pos < j) & (src >= 0)).to(x_BCT.dtype)[:, None]
+        corr = corr + x_BCT[b_idx, :, src.clamp(min=0)] * w[:, 0, W - 1 - j] * cross
+    return y.transpose(1, 2).index_put((b_idx, t_idx), -corr, accumulate=True).transpose(1, 2)

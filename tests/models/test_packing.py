@@ -78,15 +78,16 @@ def test_ssd_chunked_varlen_equals_per_document_recurrence():
         torch.testing.assert_close(fin[i:i + 1], f_i, rtol=0, atol=1e-12)
 
 
-def test_varlen_conv_and_attention_match_per_document_ops():
+@pytest.mark.parametrize("cu", [CU, torch.tensor([0, 1, 2, 4, 19], dtype=torch.int32)])
+def test_varlen_conv_and_attention_match_per_document_ops(cu):
     torch.manual_seed(2)
     x, w, b = torch.randn(1, 6, 19, dtype=torch.float64), torch.randn(6, 1, 4, dtype=torch.float64), torch.randn(6)
-    pos = position_ids_from_cu_seqlens(CU, 1, 19)
+    pos = position_ids_from_cu_seqlens(cu, 1, 19)
     y = varlen_causal_conv1d(x, w, b.double(), pos)
     q, k = torch.randn(1, 2, 19, 8, dtype=torch.float64), torch.randn(1, 2, 19, 8, dtype=torch.float64)
     v = torch.randn(1, 2, 19, 4, dtype=torch.float64)
-    outs = {m: varlen_causal_attention(q, k, v, 0.3, CU, method=m) for m in ("mask", "loop")}
-    for s, e in zip(CU[:-1].tolist(), CU[1:].tolist()):
+    outs = {m: varlen_causal_attention(q, k, v, 0.3, cu, method=m) for m in ("mask", "loop")}
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         ref = F.conv1d(F.pad(x[..., s:e], (3, 0)), w, b.double(), groups=6)
         torch.testing.assert_close(y[..., s:e], ref, rtol=0, atol=1e-12)
         att = F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True, scale=0.3)
