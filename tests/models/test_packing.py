@@ -29,13 +29,17 @@ def test_position_ids_and_cu_seqlens_round_trip():
     assert position_ids_from_cu_seqlens(cu, 2, 6).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]]
 
 
-def test_chunk_layout_pads_each_document_to_whole_chunks():
+def test_chunk_layout_pads_each_document_to_whole_chunks_in_lanes():
     lay = chunk_layout(CU, 19, 4)
-    # docs of 5, 11, 3 -> 2 + 3 + 1 chunks of 4; slots past a document's end hold the pad index 19
-    assert lay.num_chunks == 6 and lay.starts == [True, False, True, False, False, True]
-    assert lay.doc_last_chunk == [1, 4, 5]
-    assert lay.index.tolist()[:8] == [0, 1, 2, 3, 4, 19, 19, 19]
-    assert lay.valid.sum().item() == 19
+    # docs of 5, 11, 3 tokens -> 2, 3, 1 chunks of 4, dealt longest first into ceil(6 / 3) = 2 lanes:
+    # lane 0 = doc 1 (3 chunks); lane 1 = doc 0 (2) then doc 2 (1); pad slots hold 19 (one past the end)
+    assert (lay.num_lanes, lay.num_chunks) == (2, 3)
+    assert lay.index.tolist() == [list(range(5, 16)) + [19], [0, 1, 2, 3, 4, 19, 19, 19, 16, 17, 18, 19]]
+    assert lay.starts.tolist() == [[True, False, False], [True, False, True]]
+    assert lay.ends == {2: ([0, 1], [1, 2]), 1: ([1], [0])}
+    assert lay.slot.tolist() == [12, 13, 14, 15, 16] + list(range(0, 11)) + [20, 21, 22]
+    one = chunk_layout(CU, 19, 4, lanes=1)  # one lane: documents in packed order, 6 chunks
+    assert one.num_chunks == 6 and one.starts.tolist() == [[True, False, True, False, False, True]]
     with pytest.raises(ValueError, match="strictly increasing"):
         chunk_layout(torch.tensor([0, 5, 5, 19]), 19, 4)
     with pytest.raises(ValueError, match="end at the packed length 20"):

@@ -11,7 +11,14 @@ import torch.nn.functional as F
 
 from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
 from hylo_bench.kernels.gated_delta.reference import recurrent_update
-from hylo_bench.kernels.varlen import chunk_layout, gather_padded, varlen_chunk_size
+from hylo_bench.kernels.varlen import (
+    chunk_layout,
+    final_states,
+    gather_padded,
+    reset_states,
+    scatter_back,
+    varlen_chunk_size,
+)
 
 
 def chunk_gated_delta_rule_torch(
@@ -74,11 +81,11 @@ def chunk_gated_delta_rule_torch(
             raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={B}")
         C = varlen_chunk_size(cu_seqlens, C)
         layout = chunk_layout(cu_seqlens, T, C, device=q.device)
-        n_docs = len(layout.doc_last_chunk)
+        n_docs = cu_seqlens.shape[0] - 1
         if initial_state is not None and initial_state.shape != (n_docs, HV, K, V):
             raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, HV, K, V] = {(n_docs, HV, K, V)}; "
                              f"got {tuple(initial_state.shape)}")
-        N = layout.num_chunks
+        N, B = layout.num_chunks, layout.num_lanes  # the lanes are the batch from here on
     else:
         N = max(1, -(-T // C))
     pad = 0 if layout is not None else N * C - T
@@ -87,7 +94,7 @@ def chunk_gated_delta_rule_torch(
         # [B, T, HV, ...] -> [B, HV, N, C, ...], zero-padded at the end of the sequence (of each document)
         x = x.to(dt)
         if layout is not None:
-            x = gather_padded(x[0], layout)[None]
+            x = gather_padded(x[0], layout)  # [L, N * C, HV, ...]
         x = x.transpose(1, 2)
         if pad:
             x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
@@ -117,27 +124,26 @@ def chunk_gated_delta_rule_torch(
     G_last = G[..., -1]  # [B, HV, N]
     k_to_end = k_c * (G_last[..., None] - G).exp()[..., None]  # [B, HV, N, C, K]
 
-    def start_state(doc: int) -> torch.Tensor:
-        if initial_state is None:
-            return q_c.new_zeros(B, HV, K, V)
-        return initial_state[doc:doc + 1].to(dt) if layout is not None else initial_state.to(dt)
-
-    state = start_state(0)
-    outs, finals, doc = [], [], -1
+    if layout is None:
+        state = q_c.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
+    else:
+        state = q_c.new_zeros(B, HV, K, V)
+    outs, finals = [], []
     for n in range(N):
-        if layout is not None and layout.starts[n]:
-            doc += 1
-            state = start_state(doc)
+        if layout is not None:
+            state = reset_states(state, layout, n, initial_state)
         u = u_c[:, :, n] - w_c[:, :, n] @ state  # [B, HV, C, V]
         outs.append(q_decayed[:, :, n] @ state + qk[:, :, n] @ u)
         state = G_last[:, :, n].exp()[..., None, None] * state + k_to_end[:, :, n].transpose(-1, -2) @ u
-        if layout is not None and n == layout.doc_last_chunk[doc]:
-            finals.append(state)
-    o = torch.stack(outs, dim=2).reshape(B, HV, N * C, V)
-    o = o[:, :, layout.valid] if layout is not None else o[:, :, :T]
-    o = o.transpose(1, 2)
+        if layout is not None and output_final_state and n in layout.ends:
+            lanes, docs = layout.ends[n]
+            finals.append((docs, state[lanes]))
+    o = torch.stack(outs, dim=2).reshape(B, HV, N * C, V).transpose(1, 2)  # [B, N * C, HV, V]
     if layout is not None:
-        state = torch.cat(finals, dim=0)
+        o = scatter_back(o, layout)[None]
+        state = final_states(finals, n_docs) if output_final_state else None
+    else:
+        o = o[:, :T]
     return o.to(q.dtype), (state if output_final_state else None)
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 import torch
 
 from hylo_bench.kernels.ssd._common import check_inputs, compute_dtype, prepare_dt, repeat_groups
-from hylo_bench.kernels.varlen import chunk_layout, gather_padded, varlen_chunk_size
+from hylo_bench.kernels.varlen import (
+    chunk_layout,
+    final_states,
+    gather_padded,
+    reset_states,
+    scatter_back,
+    varlen_chunk_size,
+)
 
 DEFAULT_CHUNK_SIZE = 256  # Zebra-Llama's mamba_chunk_scan_combined chunk (checkpoint-format.md sec. 4.5)
 
@@ -67,26 +74,24 @@ def ssd_scan_chunked(
             raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={Bsz}")
         chunk_size = varlen_chunk_size(cu_seqlens, chunk_size)
         layout = chunk_layout(cu_seqlens, T, chunk_size, device=x.device)
-        n_docs = len(layout.doc_last_chunk)
+        n_docs = cu_seqlens.shape[0] - 1
         if initial_state is not None and initial_state.shape != (n_docs, H, P, N):
             raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, H, P, N] = {(n_docs, H, P, N)}; "
                              f"got {tuple(initial_state.shape)}")
         # padding slots: dt = 0 (no decay, no input), x = B = C = 0
-        dt_BTH, x_c, B_c, C_c = (gather_padded(t[0], layout)[None] for t in (dt_BTH, x_c, B_c, C_c))
-        T = dt_BTH.shape[1]
-
-    def start_state(doc: int) -> torch.Tensor:
-        if initial_state is None:
-            return x.new_zeros(Bsz, H, P, N, dtype=cdt)
-        return initial_state[doc:doc + 1].to(cdt) if layout is not None else initial_state.to(cdt)
+        # the lanes are the batch from here on: [L, N * C, ...]
+        dt_BTH, x_c, B_c, C_c = (gather_padded(t[0], layout) for t in (dt_BTH, x_c, B_c, C_c))
+        Bsz, T = dt_BTH.shape[:2]
 
     a_BTH = dt_BTH * A.to(cdt)
-    S = start_state(0)
-    ys, finals, doc = [], [], -1
+    if layout is None and initial_state is not None:
+        S = initial_state.to(cdt)
+    else:
+        S = x.new_zeros(Bsz, H, P, N, dtype=cdt)
+    ys, finals = [], []
     for n, s0 in enumerate(range(0, T, chunk_size)):
-        if layout is not None and layout.starts[n]:
-            doc += 1
-            S = start_state(doc)
+        if layout is not None:
+            S = reset_states(S, layout, n, initial_state)
         s1 = min(s0 + chunk_size, T)
         cum_BLH = torch.cumsum(a_BTH[:, s0:s1], dim=1)
         L = s1 - s0
@@ -103,13 +108,14 @@ def ssd_scan_chunked(
             "bsh,bshp,bshn->bhpn", w_BLH, xdt_BLHP, B_c[:, s0:s1]
         )
         ys.append(y_BLHP)
-        if layout is not None and n == layout.doc_last_chunk[doc]:
-            finals.append(S)
+        if layout is not None and n in layout.ends:
+            lanes, docs = layout.ends[n]
+            finals.append((docs, S[lanes]))
     y_BTHP = torch.cat(ys, dim=1) if ys else x_c.new_zeros(Bsz, 0, H, P)
     if D is not None:
         y_BTHP = y_BTHP + D.to(cdt)[:, None] * x_c
     if layout is not None:
-        y_BTHP, S = y_BTHP[:, layout.valid], torch.cat(finals, dim=0)
+        y_BTHP, S = scatter_back(y_BTHP, layout)[None], final_states(finals, n_docs)
     return y_BTHP.to(x.dtype), S
 
 
