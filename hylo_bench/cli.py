@@ -80,6 +80,9 @@ def upcycle(
                                                  "eval --data-dir) and .txt files (repeatable; report in "
                                                  "OUT/decontamination.json)."),
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
+    doc_boundaries: Optional[str] = typer.Option(None, "--doc-boundaries", help="Packed documents keep their "
+                                                 "boundaries (no attention or recurrent state across documents) in "
+                                                 "'kd' stages (default), 'all' stages, or 'off'."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
@@ -119,7 +122,7 @@ def upcycle(
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
             eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
-            tensorboard=tensorboard, decontam=decontam or None,
+            tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
             results_dir=str(results_dir) if results_dir else None, db=db))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:

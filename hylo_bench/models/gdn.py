@@ -248,6 +248,7 @@ class GatedDeltaNet(nn.Module):
         attention_mask: torch.Tensor | None = None,
         state: GDNState | None = None,
         use_cache: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, GDNState | None]:
         """Mix a block of tokens, optionally continuing from and returning a decode state.
 
@@ -265,15 +266,24 @@ class GatedDeltaNet(nn.Module):
                 columns are used (so an HF-style mask over past + current tokens also works).
             state: state after the previous tokens of the same sequences, or None at sequence start.
             use_cache: return the state after this call.
+            cu_seqlens: [n_docs + 1] int32 offsets of packed documents over the flattened B * T tokens
+                (``hylo_bench.models.varlen``; fla's ``cu_seqlens`` keyword): the short-conv history and the
+                recurrent state restart at every document, so each document's output equals running it alone.
+                Not combinable with ``state``, ``use_cache`` or a padding mask.
 
         Returns:
             (output [B, T, D] in the input dtype, new GDNState if use_cache else None).
 
         Raises:
-            ValueError: on a mask that is not [B, T' >= T].
+            ValueError: on a mask that is not [B, T' >= T], or ``cu_seqlens`` with a state / cache / mask.
         """
         B, T, _ = hidden_states.shape
         H, K, Vd = self.num_heads, self.head_k_dim, self.head_v_dim
+        if cu_seqlens is not None:
+            if state is not None or use_cache or attention_mask is not None:
+                raise ValueError("GatedDeltaNet: packed documents (cu_seqlens) cannot be combined with a decode "
+                                 "state, use_cache or a padding mask")
+            return self._forward_packed(hidden_states, cu_seqlens), None
         mask_BT = None
         if attention_mask is not None:
             if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
@@ -325,3 +335,26 @@ class GatedDeltaNet(nn.Module):
             out_BTD = out_BTD * mask_BT[..., None]
         new_state = GDNState(recurrent=recurrent, conv=(new_q, new_k, new_v)) if use_cache else None
         return out_BTD, new_state
+
+    def _forward_packed(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Forward over packed documents (see ``forward``): [B, T, D] -> [B, T, D]."""
+        from hylo_bench.models.varlen import check_packed, document_index, varlen_causal_conv1d
+
+        B, T, _ = hidden_states.shape
+        H, K, Vd = self.num_heads, self.head_k_dim, self.head_v_dim
+        check_packed(cu_seqlens, B, T)
+        cu_seqlens = cu_seqlens.to(hidden_states.device)
+        _, pos_BT = document_index(cu_seqlens, B, T)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        q, k, v = (F.silu(varlen_causal_conv1d(proj(hidden_states).transpose(1, 2), conv.weight, None, pos_BT))
+                   .transpose(1, 2) for proj, conv in zip((self.q_proj, self.k_proj, self.v_proj), convs))
+        dt = _math_dtype(hidden_states.dtype)
+        g = -self.A_log.to(dt).exp() * F.softplus(self.a_proj(hidden_states).to(dt) + self.dt_bias.to(dt))
+        beta = self.b_proj(hidden_states).to(dt).sigmoid()
+        # fla's varlen convention: the documents of all rows flattened into one batch row
+        o, _ = gated_delta_rule(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, H, Vd),
+                                g.reshape(1, B * T, H), beta.reshape(1, B * T, H), use_qk_l2norm_in_kernel=True,
+                                backend=self.backend, cu_seqlens=cu_seqlens)
+        gate = self.g_proj(hidden_states).view(B, T, H, Vd)
+        o = self.o_norm(o.view(B, T, H, Vd).to(hidden_states.dtype), gate)
+        return self.o_proj(o.reshape(B, T, H * Vd))

@@ -68,13 +68,17 @@ class HyLoDecoderLayer(nn.Module):
         return getattr(self, self.mixer_name)
 
     def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor, token_mask: torch.Tensor | None,
-                state=None, use_cache: bool = False):
-        """Returns (layer output [B, T, D], mixer output [B, T, D] before the residual add, new state)."""
+                state=None, use_cache: bool = False, cu_seqlens: torch.Tensor | None = None):
+        """Returns (layer output [B, T, D], mixer output [B, T, D] before the residual add, new state).
+
+        ``cu_seqlens``: packed-document offsets (``hylo_bench.models.varlen``), passed to the mixer.
+        """
         x = self.input_layernorm(hidden_states)
+        extra = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         if self.mixer_type == "mla":
-            mixed, state = self.mixer(x, positions, token_mask, cache=state, use_cache=use_cache)
+            mixed, state = self.mixer(x, positions, token_mask, cache=state, use_cache=use_cache, **extra)
         else:
-            mixed, state = self.mixer(x, attention_mask=token_mask, state=state, use_cache=use_cache)
+            mixed, state = self.mixer(x, attention_mask=token_mask, state=state, use_cache=use_cache, **extra)
         h = hidden_states + mixed
         return h + self.mlp(self.post_attention_layernorm(h)), mixed, state
 
@@ -114,18 +118,42 @@ class HyLoModel(HyLoPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: HyLoCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool = False,
-                output_hidden_states: bool = False, **kwargs) -> BaseModelOutputWithPast:
+                output_hidden_states: bool = False, cu_seqlens: torch.Tensor | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
         """Run the decoder stack.
 
         Args:
             input_ids: [B, T] token ids (or ``inputs_embeds`` [B, T, D]).
             attention_mask: [B, P + T] 0/1 padding mask over cached and new tokens (left padding supported).
-            position_ids: [B, T]; derived from ``attention_mask`` (cumsum - 1) when absent.
+            position_ids: [B, T]; derived from ``attention_mask`` (cumsum - 1) when absent (from ``cu_seqlens``
+                when given: restarting at 0 per document).
             past_key_values: a ``HyLoCache`` from an earlier call, or None.
+            cu_seqlens: packed documents: int32 [n_docs + 1] offsets into the flattened B * T tokens, every row
+                start a document start (``hylo_bench.models.varlen``). MLA attends within a document only, GDN
+                and Mamba-2 restart their conv and recurrent state at each document, so every document's outputs
+                equal a separate run. Packing is NOT inferred from ``position_ids``; pass this explicitly
+                (e.g. ``cu_seqlens_from_position_ids(position_ids)``).
+
+        Raises:
+            ValueError: ``cu_seqlens`` with a cache, ``use_cache`` or a padding mask, or invalid offsets.
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         B, T, _ = inputs_embeds.shape
+        if cu_seqlens is not None:
+            from hylo_bench.models.varlen import check_packed, position_ids_from_cu_seqlens
+
+            if use_cache or past_key_values is not None:
+                raise ValueError("cu_seqlens (packed documents) is for training / scoring; it cannot be combined "
+                                 "with past_key_values or use_cache")
+            if attention_mask is not None and not bool(attention_mask.bool().all()):
+                raise ValueError("cu_seqlens (packed documents) cannot be combined with padding in attention_mask; "
+                                 "packed rows have no padding")
+            attention_mask = None
+            check_packed(cu_seqlens, B, T)
+            cu_seqlens = cu_seqlens.to(device=inputs_embeds.device, dtype=torch.int32)
+            if position_ids is None:
+                position_ids = position_ids_from_cu_seqlens(cu_seqlens, B, T)
         if use_cache and not isinstance(past_key_values, HyLoCache):
             if past_key_values is not None and past_key_values.get_seq_length() > 0:
                 raise ValueError("HyLo models need a HyLoCache; got a non-empty "
@@ -151,9 +179,9 @@ class HyLoModel(HyLoPreTrainedModel):
             state = past_key_values.layers_state[i] if isinstance(past_key_values, HyLoCache) else None
             if self.gradient_checkpointing and self.training:
                 hidden, _, state = checkpoint(layer, hidden, position_ids, token_mask, state, use_cache,
-                                              use_reentrant=False)
+                                              cu_seqlens=cu_seqlens, use_reentrant=False)
             else:
-                hidden, _, state = layer(hidden, position_ids, token_mask, state, use_cache)
+                hidden, _, state = layer(hidden, position_ids, token_mask, state, use_cache, cu_seqlens=cu_seqlens)
             if use_cache:
                 past_key_values.layers_state[i] = state
             if output_hidden_states:
@@ -190,22 +218,30 @@ class HyLoForCausalLM(HyLoPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, past_key_values: HyLoCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, cu_seqlens: torch.Tensor | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         """Logits [B, T, V] (the last ``logits_to_keep`` positions when > 0) and the shifted CE loss.
 
         Args:
-            labels: [B, T] next-token targets aligned with ``input_ids`` (shifted inside), -100 = ignore.
+            labels: [B, T] next-token targets aligned with ``input_ids`` (shifted inside), -100 = ignore. With
+                ``cu_seqlens`` the last token of a document does not predict the next document's first token
+                (that target is ignored, as ``DataCollatorWithFlattening`` does).
+            cu_seqlens: packed-document offsets, see :meth:`HyLoModel.forward`.
         """
         use_cache = bool(use_cache) if use_cache is not None else False
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_hidden_states=bool(output_hidden_states))
+                         output_hidden_states=bool(output_hidden_states), cu_seqlens=cu_seqlens)
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
+            if cu_seqlens is not None:
+                starts = torch.zeros(labels.numel(), dtype=torch.bool, device=labels.device)
+                starts[cu_seqlens[:-1].to(device=labels.device, dtype=torch.long)] = True
+                labels = labels.masked_fill(starts.view_as(labels), -100)
             flat = logits[:, :-1].flatten(0, 1)
             flat = flat.float() if flat.dtype in (torch.bfloat16, torch.float16) else flat
             loss = F.cross_entropy(flat, labels[:, 1:].flatten(), ignore_index=-100)

@@ -215,6 +215,7 @@ class Mamba2(nn.Module):
         attention_mask: torch.Tensor | None = None,
         state: Mamba2State | None = None,
         use_cache: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Mamba2State | None]:
         """Mix a block of tokens, optionally continuing from and returning a decode state.
 
@@ -229,15 +230,28 @@ class Mamba2(nn.Module):
             attention_mask: [B, T'] with T' >= T, 1 = real token, 0 = pad; only the last T columns are used.
             state: state after the previous tokens of the same sequences, or None at sequence start.
             use_cache: return the state after this call.
+            cu_seqlens: [n_docs + 1] int32 offsets of packed documents over the flattened B * T tokens
+                (``hylo_bench.models.varlen``; mamba_ssm's ``seq_idx`` in offset form): conv history and SSM
+                state restart at every document. Not combinable with ``state``, ``use_cache`` or a padding mask.
 
         Returns:
             (output [B, T, D] in the input dtype, new Mamba2State if use_cache else None).
 
         Raises:
-            ValueError: on a mask that is not [B, T' >= T].
+            ValueError: on a mask that is not [B, T' >= T], or ``cu_seqlens`` with a state / cache / mask.
         """
         Bsz, T, _ = hidden_states.shape
         H, P, N, E, X = self.nheads, self.headdim, self.d_state, self.d_inner, self.d_xb
+        pos_BT = None
+        if cu_seqlens is not None:
+            from hylo_bench.models.varlen import check_packed, document_index
+
+            if state is not None or use_cache or attention_mask is not None:
+                raise ValueError("Mamba2: packed documents (cu_seqlens) cannot be combined with a decode state, "
+                                 "use_cache or a padding mask")
+            check_packed(cu_seqlens, Bsz, T)
+            cu_seqlens = cu_seqlens.to(hidden_states.device)
+            pos_BT = document_index(cu_seqlens, Bsz, T)[1]
         mask_BT = None
         if attention_mask is not None:
             if attention_mask.dim() != 2 or attention_mask.shape[0] != Bsz or attention_mask.shape[1] < T:
@@ -248,7 +262,14 @@ class Mamba2(nn.Module):
         z_BTE, xBC_BTC, dt_BTH = self.in_proj(hidden_states).split([E, E + 2 * X, H], dim=-1)
         if mask_BT is not None:
             xBC_BTC = xBC_BTC * mask_BT[..., None]
-        xBC_BTC, new_conv = self._conv(xBC_BTC, state.conv if state is not None else None)
+        if pos_BT is not None:
+            from hylo_bench.models.varlen import varlen_causal_conv1d
+
+            xBC_BTC = F.silu(varlen_causal_conv1d(xBC_BTC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+                                                  pos_BT)).transpose(1, 2)
+            new_conv = None
+        else:
+            xBC_BTC, new_conv = self._conv(xBC_BTC, state.conv if state is not None else None)
         x_BTX, b_BTX, c_BTE = xBC_BTC.split([X, X, E], dim=-1)
         g = self.repeat_group
         x_BTHP = x_BTX.unflatten(-1, (self.num_xb_groups, N)).repeat_interleave(g, dim=2)
@@ -261,7 +282,12 @@ class Mamba2(nn.Module):
             dt_BTH = dt_BTH * mask_BT.to(cdt)[..., None]
         A_H = -torch.exp(self.A_log.to(cdt))
         ssm = state.ssm if state is not None else None
-        if T == 1:
+        if pos_BT is not None:  # packed: one flattened row, fla's varlen convention
+            y, _ = ssd_scan(x_BTHP.reshape(1, Bsz * T, H, P), dt_BTH.reshape(1, Bsz * T, H), A_H,
+                            b_BTHN.reshape(1, Bsz * T, H, N), c_BTHN.reshape(1, Bsz * T, H, N), D=self.D,
+                            chunk_size=self.chunk_size, backend=self.backend, cu_seqlens=cu_seqlens)
+            y_BTHP = y.view(Bsz, T, H, P)
+        elif T == 1:
             y_BHP, ssm = ssd_step(x_BTHP[:, 0], dt_BTH[:, 0], A_H, b_BTHN[:, 0], c_BTHN[:, 0], ssm, D=self.D)
             y_BTHP = y_BHP[:, None]
         else:

@@ -87,6 +87,7 @@ class MLA(nn.Module):
         token_mask: torch.Tensor | None = None,
         cache: MLALayerCache | None = None,
         use_cache: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, MLALayerCache | None]:
         """Attend over the cached and new tokens.
 
@@ -96,11 +97,20 @@ class MLA(nn.Module):
             token_mask: [B, T] bool, False at padding (None = all real).
             cache: this layer's cache from earlier calls, or None.
             use_cache: return the updated cache.
+            cu_seqlens: [n_docs + 1] int32 offsets of packed documents over the flattened B * T tokens
+                (``hylo_bench.models.varlen``): each token attends only to earlier tokens of its own document.
+                ``positions`` should then restart per document. Not combinable with a cache or padding.
 
         Returns:
             ([B, T, D] output, updated cache or None).
+
+        Raises:
+            ValueError: ``cu_seqlens`` together with a cache, ``use_cache`` or a padding mask.
         """
         B, T, _ = hidden_states.shape
+        if cu_seqlens is not None and (cache is not None or use_cache or token_mask is not None):
+            raise ValueError("MLA: packed documents (cu_seqlens) are for training / scoring whole rows; they "
+                             "cannot be combined with a KV cache, use_cache or a padding mask")
         q = self._queries(hidden_states)
         latent_new = self.kv_a_proj_with_mqa(hidden_states)  # [B, T, Rkv + R]
         cos, sin = self.rotary.cos_sin(positions, q.dtype)
@@ -128,7 +138,11 @@ class MLA(nn.Module):
             k = torch.cat([k_nope, k_pe], dim=-1)
         q = torch.cat([q[..., : self.nope_dim], apply_rope_interleaved(q[..., self.nope_dim:], cos, sin)], dim=-1)
 
-        if cache is None and token_mask is None:
+        if cu_seqlens is not None:
+            from hylo_bench.models.varlen import varlen_causal_attention
+
+            out = varlen_causal_attention(q, k, v, self.scale, cu_seqlens)
+        elif cache is None and token_mask is None:
             out = causal_attention(q, k, v, self.scale)
         else:
             past = S - T

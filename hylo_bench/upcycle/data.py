@@ -4,7 +4,9 @@
 answers each, drawn from a random stream disjoint from evaluation), or a path: a ``.txt`` file (documents
 separated by blank lines), a ``.jsonl`` file (``text`` field per line), a directory of such files, or a mixture
 ``.yaml`` (``hylo_bench.upcycle.mixture``).
-Windows are deterministic given the seed, so a resumed run sees the same batches.
+Windows are deterministic given the seed, so a resumed run sees the same batches. The ``*_rows`` variants return
+the same windows as :class:`hylo_bench.upcycle.packing.PackedRows`, with ``position_ids`` that restart at every
+document, so training can keep documents from attending across each other.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from hylo_bench.upcycle.packing import PackedRows, pack_documents, positions_from_starts
 
 TRAIN_SEED_BASE = 10_000
 
@@ -101,21 +105,33 @@ def pack_windows(examples: list[list[int]], filler: list[int], seq_len: int) -> 
     Returns:
         [len(examples), seq_len] int64 token ids.
     """
-    rows = []
+    return example_rows(examples, filler, [1] * len(filler), seq_len).input_ids
+
+
+def example_rows(examples: list[list[int]], filler: list[int], filler_pos: list[int], seq_len: int) -> PackedRows:
+    """:func:`pack_windows` with positions: the example is one document; the filler is read from a packed
+    stream whose positions ``filler_pos`` mark its documents (0 = start), and its first piece in a row starts a
+    new segment (position 0). The filler wraps around to its start when used up."""
+    rows, starts = [], []
     pos = 0
     for ex in examples:
         row = ex[:seq_len]
+        st = [True] + [False] * (len(row) - 1)
         need = seq_len - len(row)
         while need > 0:
             take = filler[pos:pos + need]
             if not take:
                 pos = 0
                 continue
+            st += [True] + [p == 0 for p in filler_pos[pos + 1:pos + len(take)]]
             row = row + take
             pos += len(take)
             need -= len(take)
         rows.append(row)
-    return torch.tensor(rows, dtype=torch.long)
+        starts.append(st)
+    ids = torch.tensor(rows, dtype=torch.long).view(len(rows), seq_len)
+    return PackedRows(ids, positions_from_starts(torch.tensor(starts, dtype=torch.bool).view(len(rows), seq_len)),
+                      num_docs=len(examples))
 
 
 def text_windows(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
@@ -124,13 +140,21 @@ def text_windows(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
     Raises:
         ValueError: when the text is shorter than one window.
     """
-    ids: list[int] = []
-    for d in docs:
-        ids += tokenizer(d, add_special_tokens=False, verbose=False).input_ids + [tokenizer.eos_token_id]
-    n = len(ids) // seq_len
-    if n == 0:
-        raise ValueError(f"the data has {len(ids)} tokens, fewer than one window of {seq_len}")
-    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    return text_rows(docs, tokenizer, seq_len).input_ids
+
+
+def text_rows(docs: list[str], tokenizer, seq_len: int) -> PackedRows:
+    """:func:`text_windows` with per-document positions (:func:`hylo_bench.upcycle.packing.pack_documents`).
+
+    Raises:
+        ValueError: when the text is shorter than one window.
+    """
+    toks = (tokenizer(d, add_special_tokens=False, verbose=False).input_ids for d in docs)
+    rows = pack_documents(toks, seq_len, eos_id=tokenizer.eos_token_id)
+    if len(rows) == 0:
+        n = rows.dropped["tokens"] if rows.dropped else 0
+        raise ValueError(f"the data has {n} tokens, fewer than one window of {seq_len}")
+    return rows
 
 
 def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int,
@@ -141,22 +165,31 @@ def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: in
     (cycled when the budget asks for more windows than the data holds). ``docs``: the text documents to use
     instead of reading ``data`` (e.g. after decontamination); the demo's retrieval rows are synthetic and stay.
     """
+    return build_rows(data, tokenizer, seq_len, num_windows, seed, docs).input_ids
+
+
+def build_rows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int,
+               docs: list[str] | None = None) -> PackedRows:
+    """:func:`build_windows` (the same windows) with per-document ``position_ids``."""
     rng = random.Random(seed)
     if data == "demo":
-        text = text_windows(docs if docs is not None else split_documents(shipped_text()), tokenizer, seq_len)
+        text = text_rows(docs if docs is not None else split_documents(shipped_text()), tokenizer, seq_len)
         examples = retrieval_examples(tokenizer, seq_len, num_windows // 2, seed)
-        ret = pack_windows(examples, text.flatten().tolist(), seq_len) if examples else \
-            torch.empty(0, seq_len, dtype=torch.long)
-        n_ret = len(ret)
-        idx = [rng.randrange(len(text)) for _ in range(num_windows - n_ret)]
-        windows = torch.cat([ret, text[idx]])
+        if examples:
+            ret = example_rows(examples, text.input_ids.flatten().tolist(), text.position_ids.flatten().tolist(),
+                               seq_len)
+        else:
+            ret = PackedRows(torch.empty(0, seq_len, dtype=torch.long), torch.empty(0, seq_len, dtype=torch.long))
+        idx = [rng.randrange(len(text)) for _ in range(num_windows - len(ret))]
+        rows = PackedRows(torch.cat([ret.input_ids, text.input_ids[idx]]),
+                          torch.cat([ret.position_ids, text.position_ids[idx]]), text.splits, text.dropped,
+                          text.num_docs + len(examples))
     else:
-        text = text_windows(docs if docs is not None else load_documents(data), tokenizer, seq_len)
-        idx = [i % len(text) for i in range(num_windows)]
-        windows = text[idx]
-    order = list(range(len(windows)))
+        text = text_rows(docs if docs is not None else load_documents(data), tokenizer, seq_len)
+        rows = text.select([i % len(text) for i in range(num_windows)])
+    order = list(range(len(rows)))
     rng.shuffle(order)
-    return windows[order]
+    return rows.select(order)
 
 
 @dataclass
@@ -171,11 +204,15 @@ class Corpus:
 
     def windows(self, tokenizer, seq_len: int, num_windows: int, seed: int) -> torch.Tensor:
         """[num_windows, seq_len] windows deterministic in ``seed`` (a mixture: a fresh sampler with that seed)."""
-        if self.mixture is not None:
-            from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
+        return self.rows(tokenizer, seq_len, num_windows, seed).input_ids
 
-            return mixture_windows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows)[0]
-        return build_windows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs)
+    def rows(self, tokenizer, seq_len: int, num_windows: int, seed: int) -> PackedRows:
+        """:meth:`windows` with per-document ``position_ids`` (``hylo_bench.upcycle.packing``)."""
+        if self.mixture is not None:
+            from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows
+
+            return mixture_rows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows)[0]
+        return build_rows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs)
 
 
 def load_corpus(data: str, decontam: list[str] | None = None) -> Corpus:

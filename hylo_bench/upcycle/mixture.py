@@ -293,15 +293,21 @@ def mixture_windows(sampler: MixtureSampler, tokenizer, seq_len: int, num_window
         ([num_windows, seq_len] int64 windows, ``{"docs": [...], "tokens": [...]}`` per source: documents drawn
         and tokens placed in the windows).
     """
-    need = num_windows * seq_len
-    ids: list[int] = []
+    rows, drawn = mixture_rows(sampler, tokenizer, seq_len, num_windows)
+    return rows.input_ids, drawn
+
+
+def mixture_rows(sampler: MixtureSampler, tokenizer, seq_len: int, num_windows: int):
+    """:func:`mixture_windows` (the same windows) as ``hylo_bench.upcycle.packing.PackedRows`` with per-document
+    ``position_ids``; returns (rows, drawn)."""
+    from hylo_bench.upcycle.packing import Packer
+
+    packer = Packer(seq_len, num_windows, eos_id=tokenizer.eos_token_id)
     n = len(sampler.mixture.sources)
     docs, tokens = [0] * n, [0] * n
-    while len(ids) < need:
+    while not packer.full:
         i, _, text = sampler.next_document()
-        toks = tokenizer(text, add_special_tokens=False, verbose=False).input_ids + [tokenizer.eos_token_id]
-        take = toks[: need - len(ids)]
-        ids += take
+        placed = packer.add(tokenizer(text, add_special_tokens=False, verbose=False).input_ids)
         docs[i] += 1
-        tokens[i] += len(take)
-    return torch.tensor(ids, dtype=torch.long).view(num_windows, seq_len), {"docs": docs, "tokens": tokens}
+        tokens[i] += placed
+    return packer.finish(), {"docs": docs, "tokens": tokens}

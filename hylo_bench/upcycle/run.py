@@ -66,6 +66,9 @@ class UpcycleConfig:
     peak_tflops: float | None = None  # device peak for MFU in train_log.jsonl (default: known GPUs' dense bf16 peak)
     tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
     decontam: list[str] = field(default_factory=list)  # eval sets to decontaminate against (decontam.py)
+    # packed documents keep their boundaries (no attention / recurrent state across them; packing.py) in
+    # "kd" stages only, "all" stages (ILD too) or "off" (plain causal windows, Zebra-Llama's packing)
+    doc_boundaries: str = "kd"
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -101,6 +104,14 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
     if cfg.layout is not None:
         return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
+
+
+DOC_BOUNDARIES = ("kd", "all", "off")
+
+
+def uses_doc_boundaries(mode: str, kind: str) -> bool:
+    """Whether a stage of ``kind`` ("ild" / "kd") trains on packed documents with boundaries under ``mode``."""
+    return mode == "all" or (mode == "kd" and kind == "kd")
 
 
 SELECT_SEED_OFFSET = 104_729  # calibration windows: a stream apart from the stage (seed + i) and held-out ones
@@ -139,24 +150,24 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, c
 
 
 def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_len: int, n_windows: int):
-    """Stage ``i``'s windows from the run's mixture stream, continuing where stage ``i - 1`` stopped.
+    """Stage ``i``'s windows (``PackedRows``) from the run's mixture stream, continuing where stage ``i - 1`` stopped.
 
     The sampler state at the stage's start is kept in its manifest entry (``sampler_state``), so a resumed stage
     redraws the same windows; the state after the draw (``sampler_state_end``) starts the next stage, and
     ``mixture_draws`` records documents and tokens per source.
     """
-    from hylo_bench.upcycle.mixture import MixtureSampler, mixture_windows
+    from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows
 
     sampler = MixtureSampler(mixture)
     start = entries[i].get("sampler_state") or (entries[i - 1].get("sampler_state_end") if i else None)
     if start is not None:
         sampler.load_state_dict(start)
     entries[i]["sampler_state"] = sampler.state_dict()
-    windows, drawn = mixture_windows(sampler, tokenizer, seq_len, n_windows)
+    rows, drawn = mixture_rows(sampler, tokenizer, seq_len, n_windows)
     entries[i]["sampler_state_end"] = sampler.state_dict()
     entries[i]["mixture_draws"] = {s.name: {"docs": d, "tokens": t}
                                    for s, d, t in zip(mixture.sources, drawn["docs"], drawn["tokens"])}
-    return windows
+    return rows
 
 
 def mamba2_available() -> bool:
@@ -211,6 +222,8 @@ def run(cfg: UpcycleConfig) -> dict:
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
+    if cfg.doc_boundaries not in DOC_BOUNDARIES:
+        raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
     device = cfg.device or default_device()
     stages: list[Stage] = parse_stages(cfg.stages, cfg.tokens_per_stage)
     teacher_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -241,6 +254,7 @@ def run(cfg: UpcycleConfig) -> dict:
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
+                "doc_boundaries": cfg.doc_boundaries,
                 "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
     if cfg.decontam:
         settings["decontam"] = list(cfg.decontam)
@@ -322,10 +336,13 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         per_step = cfg.batch_size * cfg.grad_accum
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
         if corpus.mixture is not None:
-            windows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
-                                             n_windows)
+            rows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
+                                          n_windows)
         else:
-            windows = corpus.windows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
+            rows = corpus.rows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
+        keep_bounds = uses_doc_boundaries(cfg.doc_boundaries, stage.kind)
+        windows, position_ids = rows.input_ids, (rows.position_ids if keep_bounds else None)
+        entry["packing"] = rows.summary() | {"doc_boundaries": keep_bounds}
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
@@ -340,7 +357,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             atomic_write_json(manifest_path, manifest)
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
-                          out / "resume.pt", on_log=on_log, train_log=train_log)
+                          out / "resume.pt", on_log=on_log, train_log=train_log, position_ids=position_ids)
         on_log(res)
         entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if cfg.save_stage_checkpoints:

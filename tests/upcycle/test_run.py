@@ -65,6 +65,11 @@ def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
     assert student.config.mla_layers == [1, 3] and student.config.mixer_types == ["gdn", "mla", "gdn", "mla"]
     assert not (out / "resume.pt").exists()
     assert 0 < manifest["stages"][1]["kl_after"] < 1 and 0 < manifest["kl_init"] < 1  # nats/token, recorded
+    # --doc-boundaries kd (default): the KD stage trains on packed documents with boundaries, ILD on plain windows
+    assert manifest["settings"]["doc_boundaries"] == "kd"
+    ild_pack, kd_pack = manifest["stages"][0]["packing"], manifest["stages"][1]["packing"]
+    assert (ild_pack["doc_boundaries"], kd_pack["doc_boundaries"]) == (False, True)
+    assert kd_pack["rows"] == 3 * 2 and kd_pack["seq_len"] == 512 and kd_pack["segments"] > kd_pack["rows"]
     # the training log went to the results store (this test's $HYLO_BENCH_DB) after every stage, once per step
     from hylo_bench.reports import store
 

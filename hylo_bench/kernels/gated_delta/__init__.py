@@ -55,6 +55,7 @@ def gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over a whole sequence (prefill / training).
 
@@ -69,6 +70,9 @@ def gated_delta_rule(
         use_qk_l2norm_in_kernel: l2-normalise q and k inside the op (eps 1e-6), as fla's flag.
         backend: "auto" (CPU or float64 -> torch; CUDA -> fla unless fla is missing or refuses a needed
             backward, see ``select_gdn_backend``), "torch" or "fla".
+        cu_seqlens: [n_docs + 1] int document offsets of packed sequences (B must be 1, fla's convention): the
+            state restarts at each document; ``initial_state`` / final state are then per document
+            [n_docs, HV, K, V]. See ``hylo_bench.kernels.varlen``.
 
     Returns:
         o [B, T, HV, V] in q's dtype and the final state [B, HV, K, V] (float32) or None.
@@ -94,6 +98,7 @@ def gated_delta_rule(
         "initial_state": initial_state,
         "output_final_state": output_final_state,
         "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
+        "cu_seqlens": cu_seqlens,
     }
     if backend == "fla":
         if q.device.type != "cuda":

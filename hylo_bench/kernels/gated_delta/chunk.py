@@ -11,6 +11,14 @@ import torch.nn.functional as F
 
 from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
 from hylo_bench.kernels.gated_delta.reference import recurrent_update
+from hylo_bench.kernels.varlen import (
+    chunk_layout,
+    final_states,
+    gather_padded,
+    reset_states,
+    scatter_back,
+    varlen_chunk_size,
+)
 
 
 def chunk_gated_delta_rule_torch(
@@ -24,6 +32,7 @@ def chunk_gated_delta_rule_torch(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule in pure torch (same result as the per-token recurrence up to rounding).
 
@@ -44,18 +53,21 @@ def chunk_gated_delta_rule_torch(
         output_final_state: also return the state after the last token.
         use_qk_l2norm_in_kernel: l2-normalise q and k first (eps 1e-6, as fla's in-kernel flag).
         chunk_size: tokens per chunk (any positive int; fla uses 64).
+        cu_seqlens: [n_docs + 1] document offsets of packed sequences (fla's varlen convention, B must be 1):
+            the state restarts at every document (``hylo_bench.kernels.varlen``); ``initial_state`` is then
+            [n_docs, HV, K, V] and the final state one per document.
 
     Returns:
-        o [B, T, HV, V] in q's dtype, and the final state [B, HV, K, V] in float32 (float64 for float64
-        inputs) or None.
+        o [B, T, HV, V] in q's dtype, and the final state [B, HV, K, V] ([n_docs, HV, K, V] with
+        ``cu_seqlens``) in float32 (float64 for float64 inputs) or None.
 
     Raises:
-        ValueError: on inconsistent shapes or chunk_size < 1.
+        ValueError: on inconsistent shapes, chunk_size < 1, or bad ``cu_seqlens`` / B != 1 with it.
 
     Reference:
         arXiv 2412.06464 sec. 3.3 (chunkwise WY form); fla 0.6.0 ``fla/ops/gated_delta_rule/chunk.py``.
     """
-    B, T, _H, HV, K, V, group = check_inputs(q, k, v, g, beta, initial_state)
+    B, T, _H, HV, K, V, group = check_inputs(q, k, v, g, beta, None if cu_seqlens is not None else initial_state)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     dt = compute_dtype(q.dtype)
@@ -63,12 +75,27 @@ def chunk_gated_delta_rule_torch(
     q_, k_ = prepare_qk(q, k, group, dt, use_qk_l2norm_in_kernel)
 
     C = chunk_size
-    N = max(1, -(-T // C))
-    pad = N * C - T
+    layout = None
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={B}")
+        C = varlen_chunk_size(cu_seqlens, C)
+        layout = chunk_layout(cu_seqlens, T, C, device=q.device)
+        n_docs = cu_seqlens.shape[0] - 1
+        if initial_state is not None and initial_state.shape != (n_docs, HV, K, V):
+            raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, HV, K, V] = {(n_docs, HV, K, V)}; "
+                             f"got {tuple(initial_state.shape)}")
+        N, B = layout.num_chunks, layout.num_lanes  # the lanes are the batch from here on
+    else:
+        N = max(1, -(-T // C))
+    pad = 0 if layout is not None else N * C - T
 
     def to_chunks(x: torch.Tensor) -> torch.Tensor:
-        # [B, T, HV, ...] -> [B, HV, N, C, ...], zero-padded at the end of the sequence
-        x = x.to(dt).transpose(1, 2)
+        # [B, T, HV, ...] -> [B, HV, N, C, ...], zero-padded at the end of the sequence (of each document)
+        x = x.to(dt)
+        if layout is not None:
+            x = gather_padded(x[0], layout)  # [L, N * C, HV, ...]
+        x = x.transpose(1, 2)
         if pad:
             x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
         return x.reshape(B, HV, N, C, *x.shape[3:])
@@ -97,13 +124,26 @@ def chunk_gated_delta_rule_torch(
     G_last = G[..., -1]  # [B, HV, N]
     k_to_end = k_c * (G_last[..., None] - G).exp()[..., None]  # [B, HV, N, C, K]
 
-    state = q_c.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
-    outs = []
+    if layout is None:
+        state = q_c.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
+    else:
+        state = q_c.new_zeros(B, HV, K, V)
+    outs, finals = [], []
     for n in range(N):
+        if layout is not None:
+            state = reset_states(state, layout, n, initial_state)
         u = u_c[:, :, n] - w_c[:, :, n] @ state  # [B, HV, C, V]
         outs.append(q_decayed[:, :, n] @ state + qk[:, :, n] @ u)
         state = G_last[:, :, n].exp()[..., None, None] * state + k_to_end[:, :, n].transpose(-1, -2) @ u
-    o = torch.stack(outs, dim=2).reshape(B, HV, N * C, V)[:, :, :T].transpose(1, 2)
+        if layout is not None and output_final_state and n in layout.ends:
+            lanes, docs = layout.ends[n]
+            finals.append((docs, state[lanes]))
+    o = torch.stack(outs, dim=2).reshape(B, HV, N * C, V).transpose(1, 2)  # [B, N * C, HV, V]
+    if layout is not None:
+        o = scatter_back(o, layout)[None]
+        state = final_states(finals, n_docs) if output_final_state else None
+    else:
+        o = o[:, :T]
     return o.to(q.dtype), (state if output_final_state else None)
 
 

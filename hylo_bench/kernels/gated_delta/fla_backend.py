@@ -178,6 +178,7 @@ def fla_chunk_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Call fla's ``chunk_gated_delta_rule`` with hylo-bench's op contract.
 
@@ -195,6 +196,8 @@ def fla_chunk_gated_delta_rule(
         initial_state: [B, HV, K, V], cast to float32.
         output_final_state: return the float32 final state.
         use_qk_l2norm_in_kernel: forwarded to fla.
+        cu_seqlens: packed-document offsets [n_docs + 1] (B = 1), passed to fla as int64; ``initial_state`` is
+            then [n_docs, HV, K, V].
 
     Returns:
         o [B, T, HV, V] in q's dtype and the final state [B, HV, K, V] float32 or None.
@@ -207,7 +210,14 @@ def fla_chunk_gated_delta_rule(
     Reference:
         fla 0.6.0 ``fla/ops/gated_delta_rule/chunk.py::chunk_gated_delta_rule``; kernels.md sec. 4.1.
     """
-    check_inputs(q, k, v, g, beta, initial_state)
+    check_inputs(q, k, v, g, beta, None if cu_seqlens is not None else initial_state)
+    if cu_seqlens is not None:
+        from hylo_bench.kernels.varlen import check_cu_seqlens
+
+        check_cu_seqlens(cu_seqlens, q.shape[1])
+        if q.shape[0] != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 (fla varlen); got {q.shape[0]}")
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.long)
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as err:
@@ -224,4 +234,5 @@ def fla_chunk_gated_delta_rule(
         initial_state=initial_state,
         output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens,
     )

@@ -57,8 +57,12 @@ def gated_delta_rule_reference(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Naive gated delta rule, one token at a time, computed in float64.
+
+    With ``cu_seqlens`` (packed documents, B = 1) each document is run on its own from its initial state
+    (``initial_state`` [n_docs, HV, K, V] or zeros) and the final states are stacked per document.
 
     Args:
         q, k: [B, T, H, K].
@@ -80,6 +84,20 @@ def gated_delta_rule_reference(
     Reference:
         arXiv 2412.06464; kernels.md sec. 2; fla 0.6.0 ``naive_recurrent_gated_delta_rule`` (beta before g there).
     """
+    if cu_seqlens is not None:
+        from hylo_bench.kernels.varlen import check_cu_seqlens
+
+        cu = check_cu_seqlens(cu_seqlens, q.shape[1])
+        if q.shape[0] != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1; got {q.shape[0]}")
+        outs, finals = [], []
+        for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+            h0 = None if initial_state is None else initial_state[i:i + 1]
+            o_i, f_i = gated_delta_rule_reference(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale,
+                                                  h0, True, use_qk_l2norm_in_kernel)
+            outs.append(o_i)
+            finals.append(f_i)
+        return torch.cat(outs, dim=1), (torch.cat(finals) if output_final_state else None)
     B, T, _H, HV, K, V, group = check_inputs(q, k, v, g, beta, initial_state)
     f64 = torch.float64
     scale = K**-0.5 if scale is None else scale

@@ -53,6 +53,7 @@ def ssd_scan(
     initial_state: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SSD scan over a whole sequence (prefill / training). Contract: ``ssd_scan_reference``.
 
@@ -61,6 +62,7 @@ def ssd_scan(
         D, dt_bias: [H] or None. dt_softplus: softplus(dt + dt_bias).
         initial_state: [B, H, P, N] or None. chunk_size: torch back end chunk length.
         backend: "auto", "torch" or "fla".
+        cu_seqlens: [n_docs + 1] offsets of packed documents (B = 1): the state restarts at each document.
 
     Returns:
         (y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32 / float64).
@@ -76,7 +78,7 @@ def ssd_scan(
             t is not None and t.requires_grad for t in (x, dt, A, B, C, D, dt_bias, initial_state))
         backend, reason = select_ssd_backend(x.device, needs_grad, x.dtype)
         _log_choice_once(backend, reason)
-    kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, initial_state=initial_state)
+    kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, initial_state=initial_state, cu_seqlens=cu_seqlens)
     if backend == "fla":
         return fla_ssd_scan(x, dt, A, B, C, **kwargs)
     return ssd_scan_chunked(x, dt, A, B, C, chunk_size=chunk_size, **kwargs)

@@ -9,6 +9,14 @@ from __future__ import annotations
 import torch
 
 from hylo_bench.kernels.ssd._common import check_inputs, compute_dtype, prepare_dt, repeat_groups
+from hylo_bench.kernels.varlen import (
+    chunk_layout,
+    final_states,
+    gather_padded,
+    reset_states,
+    scatter_back,
+    varlen_chunk_size,
+)
 
 DEFAULT_CHUNK_SIZE = 256  # Zebra-Llama's mamba_chunk_scan_combined chunk (checkpoint-format.md sec. 4.5)
 
@@ -25,6 +33,7 @@ def ssd_scan_chunked(
     dt_softplus: bool = False,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD: quadratic (masked-decay attention) form inside each chunk, recurrence across chunks.
 
@@ -38,27 +47,51 @@ def ssd_scan_chunked(
         dt_softplus: apply softplus to dt + dt_bias.
         initial_state: [B, H, P, N] or None (zeros).
         chunk_size: L, tokens per chunk (>= 1); memory per chunk is B * L * L * H elements.
+        cu_seqlens: [n_docs + 1] offsets of packed documents (B must be 1): the state restarts at each document
+            (chunks are laid out per document, ``hylo_bench.kernels.varlen``); ``initial_state`` and the final
+            state are then [n_docs, H, P, N].
 
     Returns:
-        (y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32 / float64).
+        (y [B, T, H, P] in x's dtype, final state [B, H, P, N] ([n_docs, H, P, N] with cu_seqlens),
+        float32 / float64).
 
     Raises:
-        ValueError: on inconsistent shapes or chunk_size < 1.
+        ValueError: on inconsistent shapes, chunk_size < 1, or bad ``cu_seqlens`` / B != 1 with it.
 
     Reference:
         arXiv 2405.21060 sec. 6 (SSD block decomposition); kernels.md sec. 9.
     """
-    Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, initial_state)
+    Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, None if cu_seqlens is not None else initial_state)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     cdt = compute_dtype(x.dtype)
     dt_BTH = prepare_dt(dt, dt_bias, dt_softplus, cdt)
     x_c = x.to(cdt)
     B_c, C_c = repeat_groups(B.to(cdt), H // G), repeat_groups(C.to(cdt), H // G)
+    layout = None
+    if cu_seqlens is not None:
+        if Bsz != 1:
+            raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={Bsz}")
+        chunk_size = varlen_chunk_size(cu_seqlens, chunk_size)
+        layout = chunk_layout(cu_seqlens, T, chunk_size, device=x.device)
+        n_docs = cu_seqlens.shape[0] - 1
+        if initial_state is not None and initial_state.shape != (n_docs, H, P, N):
+            raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, H, P, N] = {(n_docs, H, P, N)}; "
+                             f"got {tuple(initial_state.shape)}")
+        # padding slots: dt = 0 (no decay, no input), x = B = C = 0
+        # the lanes are the batch from here on: [L, N * C, ...]
+        dt_BTH, x_c, B_c, C_c = (gather_padded(t[0], layout) for t in (dt_BTH, x_c, B_c, C_c))
+        Bsz, T = dt_BTH.shape[:2]
+
     a_BTH = dt_BTH * A.to(cdt)
-    S = x.new_zeros(Bsz, H, P, N, dtype=cdt) if initial_state is None else initial_state.to(cdt)
-    ys = []
-    for s0 in range(0, T, chunk_size):
+    if layout is None and initial_state is not None:
+        S = initial_state.to(cdt)
+    else:
+        S = x.new_zeros(Bsz, H, P, N, dtype=cdt)
+    ys, finals = [], []
+    for n, s0 in enumerate(range(0, T, chunk_size)):
+        if layout is not None:
+            S = reset_states(S, layout, n, initial_state)
         s1 = min(s0 + chunk_size, T)
         cum_BLH = torch.cumsum(a_BTH[:, s0:s1], dim=1)
         L = s1 - s0
@@ -75,9 +108,14 @@ def ssd_scan_chunked(
             "bsh,bshp,bshn->bhpn", w_BLH, xdt_BLHP, B_c[:, s0:s1]
         )
         ys.append(y_BLHP)
+        if layout is not None and n in layout.ends:
+            lanes, docs = layout.ends[n]
+            finals.append((docs, S[lanes]))
     y_BTHP = torch.cat(ys, dim=1) if ys else x_c.new_zeros(Bsz, 0, H, P)
     if D is not None:
         y_BTHP = y_BTHP + D.to(cdt)[:, None] * x_c
+    if layout is not None:
+        y_BTHP, S = scatter_back(y_BTHP, layout)[None], final_states(finals, n_docs)
     return y_BTHP.to(x.dtype), S
 
 

@@ -30,14 +30,24 @@ def fla_ssd_scan(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SSD scan on CUDA via fla's ``chunk_simple_gla``; same contract as ``ssd_scan_chunked`` (state float32).
+
+    ``cu_seqlens`` (packed documents, B = 1) is passed to fla as int64; states are then per document.
 
     Raises:
         ValueError: on non-CUDA tensors or inconsistent shapes.
         ImportError: when fla is not installed (``pip install flash-linear-attention==0.6.0``).
     """
-    Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, initial_state)
+    Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, None if cu_seqlens is not None else initial_state)
+    if cu_seqlens is not None:
+        from hylo_bench.kernels.varlen import check_cu_seqlens
+
+        check_cu_seqlens(cu_seqlens, T)
+        if Bsz != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 (fla varlen); got {Bsz}")
+        cu_seqlens = cu_seqlens.to(device=x.device, dtype=torch.long)
     if x.device.type != "cuda":
         raise ValueError(f"the fla SSD back end needs CUDA/ROCm tensors; got {x.device}. Use backend='torch'.")
     try:
@@ -51,7 +61,8 @@ def fla_ssd_scan(
     v = (x.float() * dt_f[..., None]).to(x.dtype)
     g = dt_f * A.float()
     h0 = None if initial_state is None else initial_state.float().transpose(-1, -2).contiguous()
-    o, hT = chunk_simple_gla(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True)
+    o, hT = chunk_simple_gla(q, k, v, g=g, scale=1.0, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu_seqlens)
     y = o.float()
     if D is not None:
         y = y + D.float()[:, None] * x.float()

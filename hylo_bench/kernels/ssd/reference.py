@@ -22,8 +22,12 @@ def ssd_scan_reference(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token SSD recurrence in float32 (float64 for float64 inputs). Slow: keep T small.
+
+    With ``cu_seqlens`` (packed documents, B = 1) every document runs on its own from its initial state
+    (``initial_state`` [n_docs, H, P, N] or zeros); the final states are stacked per document.
 
     Per head h and token t, with dt_t = softplus(dt_raw + dt_bias) if ``dt_softplus`` else dt_raw + dt_bias:
     ``S_t = exp(dt_t * A_h) * S_{t-1} + dt_t * x_t B_t^T`` (S [P, N]); ``y_t = S_t C_t + D_h * x_t``.
@@ -47,6 +51,20 @@ def ssd_scan_reference(
     Reference:
         arXiv 2405.21060 (Mamba-2, SSD) eq. 1-2; checkpoint-format.md sec. 4.5 step 4.
     """
+    if cu_seqlens is not None:
+        from hylo_bench.kernels.varlen import check_cu_seqlens
+
+        cu = check_cu_seqlens(cu_seqlens, x.shape[1])
+        if x.shape[0] != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1; got {x.shape[0]}")
+        ys, finals = [], []
+        for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+            y_i, f_i = ssd_scan_reference(x[:, s:e], dt[:, s:e], A, B[:, s:e], C[:, s:e], D=D, dt_bias=dt_bias,
+                                          dt_softplus=dt_softplus,
+                                          initial_state=None if initial_state is None else initial_state[i:i + 1])
+            ys.append(y_i)
+            finals.append(f_i)
+        return torch.cat(ys, dim=1), torch.cat(finals)
     Bsz, T, H, P, N, G = check_inputs(x, dt, A, B, C, D, dt_bias, initial_state)
     cdt = compute_dtype(x.dtype)
     dt_BTH = prepare_dt(dt, dt_bias, dt_softplus, cdt)

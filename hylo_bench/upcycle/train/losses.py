@@ -8,6 +8,15 @@ layer l (teacher forcing) and is pulled towards the teacher's layer output h_l a
 Zebra-Llama; ``squared=True`` switches to the squared form). Layers are independent under teacher forcing, so
 running ILD on the hybrid's layers is the same computation as distilling the pure-MLA and pure-linear
 students and assembling them by index (§3.1), without the layers the hybrid discards.
+
+Packed documents: every loss takes optional ``position_ids`` [B, T] restarting at 0 at each document
+(``hylo_bench.upcycle.packing``). The teacher (a transformers Llama / Qwen3) then gets those position ids and no
+attention mask and no cache (``use_cache=False``), from which transformers builds a block-diagonal causal mask
+(``masking_utils.find_packed_sequence_indices``; with a cache or a 2-D mask it would silently attend across
+documents); the student gets the same positions and ``cu_seqlens``. With the ``sdpa`` implementation
+transformers materialises that mask ([B, 1, T, T] bool: 4 GiB per row at 64K); ``flash_attention_2`` /
+``flex_attention`` teachers use the positions without a dense mask. Every token still
+counts once, so a packed loss is the token-weighted mean of the per-document losses.
 """
 
 from __future__ import annotations
@@ -18,11 +27,26 @@ from torch import nn
 from hylo_bench.kernels.kl import chunked_kl_div
 
 
+def _packed(input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[dict, dict]:
+    """(teacher kwargs, student kwargs) for optional packed-document ``position_ids`` [B, T]."""
+    if position_ids is None:
+        return {}, {}
+    from hylo_bench.models.varlen import cu_seqlens_from_position_ids
+
+    if position_ids.shape != input_ids.shape:
+        raise ValueError(f"position_ids {tuple(position_ids.shape)} must match input_ids {tuple(input_ids.shape)}")
+    position_ids = position_ids.to(input_ids.device)
+    return {"position_ids": position_ids}, {"position_ids": position_ids,
+                                            "cu_seqlens": cu_seqlens_from_position_ids(position_ids)}
+
+
 @torch.no_grad()
-def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list, list, list]:
+def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor,
+                     position_ids: torch.Tensor | None = None) -> tuple[list, list, list]:
     """Run an HF Llama/Qwen3 model once and capture per layer: input [B, T, D], output, attention output.
 
     The attention output is the ``self_attn`` result after ``o_proj``, before the residual add.
+    ``position_ids`` [B, T] restarting per document: packed documents (see the module docstring).
     """
     layers = teacher.model.layers
     ins: list = [None] * len(layers)
@@ -48,7 +72,7 @@ def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list,
         hooks.append(layer.register_forward_hook(layer_hook(i), with_kwargs=True))
         hooks.append(layer.self_attn.register_forward_hook(attn_hook(i)))
     try:
-        teacher.model(input_ids=input_ids, use_cache=False)
+        teacher.model(input_ids=input_ids, use_cache=False, **_packed(input_ids, position_ids)[0])
     finally:
         for h in hooks:
             h.remove()
@@ -56,22 +80,27 @@ def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list,
 
 
 def _l2(a: torch.Tensor, b: torch.Tensor, squared: bool) -> torch.Tensor:
-    d = (a.float() - b.float()).norm(dim=-1)
+    dt = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32  # at least fp32
+    d = (a.to(dt) - b.to(dt)).norm(dim=-1)
     return (d.square() if squared else d).mean()
 
 
-def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool = False) -> tuple[torch.Tensor, dict]:
+def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool = False,
+             position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Enhanced-ILD loss of a batch [B, T] summed over layers; also returns the two terms separately.
 
     The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama).
+    ``position_ids`` [B, T] restarting per document: packed documents (module docstring).
     """
-    ins, outs, mix = teacher_layer_io(teacher, input_ids)
+    ins, outs, mix = teacher_layer_io(teacher, input_ids, position_ids)
     B, T = input_ids.shape
-    positions = torch.arange(T, device=input_ids.device).expand(B, T)
+    packed = _packed(input_ids, position_ids)[1]
+    positions = packed.get("position_ids", torch.arange(T, device=input_ids.device).expand(B, T))
     hid_terms, mix_terms = [], []
     last = len(student.model.layers) - 1
     for i, layer in enumerate(student.model.layers):
-        h_s, a_s, _ = layer(ins[i].to(next(layer.parameters()).dtype), positions, None)
+        h_s, a_s, _ = layer(ins[i].to(next(layer.parameters()).dtype), positions, None,
+                            cu_seqlens=packed.get("cu_seqlens"))
         h_t = outs[i]
         if i == last:
             h_s, h_t = student.model.norm(h_s), teacher.model.norm(h_t)
@@ -82,12 +111,16 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
 
 
 def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0,
-            chunk_size: int = 4096) -> tuple[torch.Tensor, dict]:
+            chunk_size: int = 4096, position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Per-token forward KL(p_teacher || p_student) from final hidden states and both lm_heads, chunked so no
-    [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden")."""
+    [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden").
+
+    ``position_ids`` [B, T] restarting per document: packed documents, no attention across them (module
+    docstring)."""
+    t_kw, s_kw = _packed(input_ids, position_ids)
     with torch.no_grad():
-        t_hidden = teacher.model(input_ids=input_ids, use_cache=False).last_hidden_state
-    s_hidden = student.model(input_ids=input_ids).last_hidden_state
+        t_hidden = teacher.model(input_ids=input_ids, use_cache=False, **t_kw).last_hidden_state
+    s_hidden = student.model(input_ids=input_ids, **s_kw).last_hidden_state
     loss = chunked_kl_div(s_hidden.flatten(0, 1), student.lm_head.weight, t_hidden.flatten(0, 1),
                           teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size)
     return loss, {"kl": loss.item()}

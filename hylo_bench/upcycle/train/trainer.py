@@ -84,7 +84,8 @@ def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: Sta
 
 
 def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
-                on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None) -> StageResult:
+                on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None,
+                position_ids: torch.Tensor | None = None) -> StageResult:
     """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
 
     Args:
@@ -97,6 +98,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             ``tokens_per_s``, ``mfu`` (fraction of ``opts.peak_flops``; None when FLOPs or peak are unknown),
             ``peak_memory_bytes`` + ``memory_kind``, ``step_time_s``, ``wall_time_s`` (stage training seconds,
             kept across resumes), ``time_utc``, and the loss terms (``ild_hidden``, ``ild_mixer``).
+        position_ids: [N, seq_len] per-document positions of ``windows`` (``hylo_bench.upcycle.packing``): packed
+            documents, no attention or recurrent state across them. None: plain causal windows.
     """
     per_step = opts.batch_size * opts.grad_accum
     total_steps = len(windows) // per_step
@@ -137,11 +140,13 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             for micro in range(opts.grad_accum):
                 i0 = (step * opts.grad_accum + micro) * opts.batch_size
                 x = windows[i0:i0 + opts.batch_size].to(device)
+                pos = None if position_ids is None else position_ids[i0:i0 + opts.batch_size].to(device)
                 with torch.autocast(device.type, dtype=opts.autocast_dtype, enabled=opts.autocast_dtype is not None):
                     if stage.kind == "ild":
-                        loss, logs = ild_loss(student, teacher, x)
+                        loss, logs = ild_loss(student, teacher, x, position_ids=pos)
                     else:
-                        loss, logs = kd_loss(student, teacher, x, opts.temperature, opts.kl_chunk_size)
+                        loss, logs = kd_loss(student, teacher, x, opts.temperature, opts.kl_chunk_size,
+                                             position_ids=pos)
                 (loss / opts.grad_accum).backward()
                 loss_sum += loss.item() / opts.grad_accum
             grad_norm = torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm).item()

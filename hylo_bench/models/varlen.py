@@ -1,0 +1,138 @@
+"""Packed documents in the hybrid: document boundaries as ``cu_seqlens``, per-document positions, block-diagonal
+causal attention and short convolutions that do not reach across documents.
+
+Convention: a batch [B, T] of packed rows is described by ``cu_seqlens``, int32 [n_docs + 1] offsets into the
+flattened B * T tokens (fla / flash-attn varlen); every row start is a document start, so no document spans two
+rows. ``position_ids`` [B, T] restart at 0 at each document (transformers' packed-sequence convention,
+``DataCollatorWithFlattening``); the two describe the same boundaries (:func:`cu_seqlens_from_position_ids`,
+:func:`position_ids_from_cu_seqlens`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hylo_bench.kernels.varlen import check_cu_seqlens
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Document offsets [n_docs + 1] int32 over the flattened [B, T] tokens: a document starts where
+    ``position_ids == 0`` and at every row start.
+
+    Raises:
+        ValueError: when ``position_ids`` is not [B, T].
+    """
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be [B, T]; got {tuple(position_ids.shape)}")
+    B, T = position_ids.shape
+    starts = position_ids == 0
+    starts[:, 0] = True
+    idx = torch.nonzero(starts.flatten(), as_tuple=True)[0]
+    end = torch.tensor([B * T], device=idx.device, dtype=idx.dtype)
+    return torch.cat([idx, end]).to(torch.int32)
+
+
+def document_index(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(document id [B, T] int64, position within the document [B, T] int64) of every packed token.
+
+    No host sync (``searchsorted`` on the device).
+    """
+    cu = cu_seqlens.to(torch.long)
+    flat = torch.arange(B * T, device=cu.device)
+    doc = torch.searchsorted(cu, flat, right=True) - 1
+    return doc.view(B, T), (flat - cu[doc]).view(B, T)
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """Positions [B, T] int64 restarting at 0 at each document of ``cu_seqlens``."""
+    return document_index(cu_seqlens, B, T)[1]
+
+
+def check_packed(cu_seqlens: torch.Tensor, B: int, T: int) -> list[int]:
+    """Validate ``cu_seqlens`` for a [B, T] batch and return it as a list.
+
+    Raises:
+        ValueError: bad offsets (:func:`hylo_bench.kernels.varlen.check_cu_seqlens`) or a row start that is not
+            a document start (a document spanning two rows).
+    """
+    cu = check_cu_seqlens(cu_seqlens, B * T)
+    missing = sorted({r * T for r in range(B)} - set(cu))
+    if missing:
+        raise ValueError(f"cu_seqlens: every row of the [B={B}, T={T}] batch must start a document; offsets "
+                         f"{missing[:4]} are row starts without a boundary")
+    return cu
+
+
+def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            cu_seqlens: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    """Causal attention within each packed document (block-diagonal causal mask).
+
+    Args:
+        q, k: [B, H, T, d_qk]; v: [B, H, T, d_v]. cu_seqlens: [n_docs + 1] over the flattened B * T tokens.
+        scale: softmax scale.
+        method: "mask" (one SDPA call with an explicit [B, 1, T, T] boolean mask: exact, O(T^2) memory, for
+            CPU and short rows), "loop" (one causal SDPA call per document: flash / memory-efficient kernels,
+            O(T) extra memory, for GPUs and long rows), or "auto" ("loop" on CUDA/ROCm, else "mask").
+
+    Returns:
+        [B, H, T, d_v].
+
+    Raises:
+        ValueError: unknown ``method``.
+    """
+    from hylo_bench.models.mla import causal_attention
+
+    B, H, T, _ = q.shape
+    if method == "auto":
+        method = "loop" if q.is_cuda else "mask"
+    if method == "mask":
+        doc, _ = document_index(cu_seqlens.to(q.device), B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        allowed = causal[None] & (doc[:, :, None] == doc[:, None, :])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=scale)
+    if method != "loop":
+        raise ValueError(f"method={method!r}; expected 'auto', 'mask' or 'loop'")
+    cu = cu_seqlens.tolist()
+
+    def flat(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, d] -> [1, H, B * T, d]
+        return x.transpose(0, 1).reshape(1, H, B * T, x.shape[-1])
+
+    qf, kf, vf = flat(q), flat(k), flat(v)
+    outs = [causal_attention(qf[:, :, s:e], kf[:, :, s:e], vf[:, :, s:e], scale) for s, e in zip(cu[:-1], cu[1:])]
+    return torch.cat(outs, dim=2).reshape(H, B, T, v.shape[-1]).transpose(0, 1)
+
+
+def varlen_causal_conv1d(x_BCT: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         pos_BT: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise conv that restarts at every document: each document sees zero history, i.e. the same
+    result as ``F.conv1d`` over each document alone with W - 1 zeros of left padding.
+
+    Computed as the ordinary causal conv of each row, then corrected at the few tokens whose window reaches
+    back across a document start (position within the document < W - 1): the taps on the previous document's
+    tokens are subtracted there. Extra memory is O(n_docs * W * C), not O(T * C).
+
+    Args:
+        x_BCT: [B, C, T] inputs. weight: [C, 1, W] depthwise kernel. bias: [C] or None.
+        pos_BT: [B, T] position of each token within its document (:func:`document_index`).
+
+    Returns:
+        [B, C, T] (no activation).
+    """
+    W = weight.shape[-1]
+    C = x_BCT.shape[1]
+    w = weight.to(x_BCT.dtype)
+    y = F.conv1d(F.pad(x_BCT, (W - 1, 0)), w, None if bias is None else bias.to(x_BCT.dtype), groups=C)
+    if W == 1:
+        return y
+    b_idx, t_idx = torch.nonzero((pos_BT < W - 1) & (pos_BT < torch.arange(pos_BT.shape[1], device=pos_BT.device)),
+                                 as_tuple=True)  # near a document start, and not the row start (zero-padded)
+    if b_idx.numel() == 0:
+        return y
+    pos = pos_BT[b_idx, t_idx]
+    corr = x_BCT.new_zeros(b_idx.numel(), C)
+    for j in range(1, W):  # F.conv1d pairs w[:, 0, W - 1 - j] with input t - j
+        src = t_idx - j
+        cross = ((pos < j) & (src >= 0)).to(x_BCT.dtype)[:, None]
+        corr = corr + x_BCT[b_idx, :, src.clamp(min=0)] * w[:, 0, W - 1 - j] * cross
+    return y.transpose(1, 2).index_put((b_idx, t_idx), -corr, accumulate=True).transpose(1, 2)
