@@ -55,14 +55,14 @@ class OracleLlama(LlamaForCausalLM):
 
     def __init__(self, config: LlamaConfig, tokenizer, mode: str = "oracle"):
         super().__init__(config)
-        self.tok, self.mode, self.seen = tokenizer, mode, []
+        self.tok, self.mode, self.seen, self.answer = tokenizer, mode, [], oracle_answer
 
     def generate(self, input_ids, max_new_tokens, pad_token_id, attention_mask=None, **kwargs):
         rows = []
         for ids in input_ids:
             prompt = self.tok.decode(ids, skip_special_tokens=True)
             right = self.mode == "oracle" or (self.mode == "half" and _right(prompt))
-            answer = oracle_answer(prompt) if right else ("" if self.mode == "empty" else "0000000")
+            answer = self.answer(prompt) if right else ("" if self.mode == "empty" else "0000000")
             self.seen.append((prompt, right))
             new = self.tok(" " + answer, add_special_tokens=False).input_ids if answer else []
             rows.append(new[: max_new_tokens - 1] + [self.tok.eos_token_id])
@@ -157,6 +157,27 @@ def test_lm_eval_scorer_is_used_half_right_and_empty(tok, tmp_path):
     assert summary["scores"] == {"niah_single_1": {str(LENGTH): 0.0}}
     doc = json.loads(Path(summary["results_path"]).read_text())
     assert doc["records"][0]["nulls"] == SAMPLES
+
+
+def test_qa_uses_lm_evals_part_match_on_local_squad(tok, tmp_path):
+    """SQuAD from a local file through lm-eval's QA generator; answering only the first gold answer scores lm-eval's
+    fraction of golds found (2 of the 3 listed for question Q0-0, one of them a duplicate; 1 of 1 for Q0-7), not the
+    any-match of NVIDIA's metric (which would give 100)."""
+    from tests.tasks.test_ruler_qa import squad_fixture
+
+    fixture = squad_fixture()
+    golds = {q["question"].split(":")[0]: [a["text"] for a in q["answers"]]
+             for art in fixture["data"] for p in art["paragraphs"] for q in p["qas"] if not q["is_impossible"]}
+    squad = tmp_path / "dev-v2.0.json"
+    squad.write_text(json.dumps(fixture))
+    lm = _lm(tok, "oracle")
+    lm.model.answer = lambda prompt: golds[re.findall(r"Question: (Q\d+-\d+):", prompt)[-1]][0]
+    summary = LB.evaluate_lm_eval(lm, INFO, _cfg(tmp_path, tasks=["ruler_qa_squad"], samples=2, squad_path=squad),
+                                  console=_quiet())
+    assert sorted(re.findall(r"Question: (Q\d+-\d+):", p)[-1] for p, _ in lm.model.seen) == ["Q0-0", "Q0-7"]
+    assert summary["scores"]["ruler_qa_squad"][str(LENGTH)] == pytest.approx(100.0 * (2 / 3 + 1) / 2)
+    doc = json.loads(Path(summary["results_path"]).read_text())
+    assert doc["provenance"]["qa_data_sha256"]["ruler_qa_squad"] == hashlib.sha256(squad.read_bytes()).hexdigest()
 
 
 def test_sample_cap_keeps_lm_evals_first_samples(tok):

@@ -173,16 +173,17 @@ def _rng_untouched() -> Iterator[None]:
 
 def _too_short(task: str, length: int, smallest: int) -> ValueError:
     return ValueError(f"lm-eval's {task} cannot fit a prompt into {length} tokens with this tokenizer: its smallest "
-                      f"sample takes {smallest} tokens with the generation budget (lm-eval 0.4.13 would retry "
-                      "forever here); use a larger --lengths value")
+                      f"sample takes {smallest} tokens as lm-eval measures it (lm-eval 0.4.13 would retry forever "
+                      "or emit samples without answers here); use a larger --lengths value")
 
 
 def _vt_guard(module: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``vt_utils.sys_vartrack_w_noise_random`` that raises instead of spinning when nothing fits.
 
-    lm-eval's sample loop shrinks the noise down to ``incremental`` sentences and then retries the same size
-    forever (a bare ``except:`` around an ``assert``). The smallest sample is built once beforehand with the
-    generators' state saved and restored, so the samples drawn afterwards are unchanged.
+    lm-eval's size search starts at ``incremental`` noise sentences; when that already overflows (measured as the
+    search measures: prompt + answer + few-shot example + generation budget) it ends at 0 and the sample loop
+    retries one size forever (a bare ``except:`` around an ``assert``). That first size is built once beforehand,
+    with the generators' state saved and restored, so the samples drawn afterwards are unchanged.
     """
     signature = inspect.signature(fn)
 
@@ -196,9 +197,9 @@ def _vt_guard(module: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
             example_tokens = 0
             if a["add_fewshot"] and icl is not None:
                 example_tokens = len(tok(icl["input"] + " " + " ".join(icl["outputs"]) + "\n\n").input_ids)
-            text, _ = module.generate_input_output(a["incremental"], a["num_chains"], a["num_hops"],
-                                                   is_icl=a["add_fewshot"] and icl is None)
-            smallest = len(tok(text).input_ids) + a["tokens_to_generate"] + example_tokens
+            text, answer = module.generate_input_output(a["incremental"], a["num_chains"], a["num_hops"],
+                                                        is_icl=a["add_fewshot"] and icl is None)
+            smallest = len(tok(text + f" {answer}").input_ids) + a["tokens_to_generate"] + example_tokens
         if smallest > a["max_seq_length"]:
             raise _too_short("ruler_vt", a["max_seq_length"], smallest)
         return fn(*args, **kwargs)
@@ -207,8 +208,9 @@ def _vt_guard(module: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _cwe_guard(module: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``cwe_utils.sys_word_pair_random`` that raises instead of spinning when nothing fits (as :func:`_vt_guard`),
-    and starts from the state a fresh import leaves ``cwe_utils.RNG`` in.
+    """``cwe_utils.sys_word_pair_random`` that raises when nothing fits (as :func:`_vt_guard`: lm-eval's search
+    then ends at 0 words and its samples have no answers, which its scorer divides by), and starts from the state
+    a fresh import leaves ``cwe_utils.RNG`` in.
 
     ``RNG`` (``Random(42)``, which shuffled ``WORDS`` at import) lives as long as the process; resetting it makes
     every (task, length) call draw what a fresh ``lm_eval`` process running that one length draws.
@@ -228,8 +230,9 @@ def _cwe_guard(module: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
         module.RNG.setstate(fresh_state)
         with _rng_untouched():
             cwe_state = module.RNG.getstate()
-            _, text, _ = module.generate_input_output(a["incremental"], a["max_seq_length"])
-            smallest = len(a["tokenizer"](text).input_ids) + a["tokens_to_generate"]
+            example, text, answer = module.generate_input_output(a["incremental"], a["max_seq_length"])
+            listed = " ".join(f"{i + 1}. {word}" for i, word in enumerate(answer))
+            smallest = len(a["tokenizer"](example + "\n" + text + " " + listed).input_ids) + a["tokens_to_generate"]
             module.RNG.setstate(cwe_state)
         if smallest > a["max_seq_length"]:
             raise _too_short("ruler_cwe", a["max_seq_length"], smallest)
