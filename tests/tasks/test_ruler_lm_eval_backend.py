@@ -85,8 +85,8 @@ def _lm(tok, mode: str, batch_size: int = 2) -> HyLoLM:
 
 
 def _cfg(tmp_path, **kw) -> RulerConfig:
-    base = dict(model="tiny", lengths=[LENGTH], tasks=TASKS, samples=SAMPLES, results_dir=tmp_path, seed=0,
-                backend="lm-eval", flavor="lm-eval")
+    base = {"model": "tiny", "lengths": [LENGTH], "tasks": TASKS, "samples": SAMPLES, "results_dir": tmp_path,
+            "seed": 0, "backend": "lm-eval", "flavor": "lm-eval"}
     return RulerConfig(**{**base, **kw})
 
 
@@ -120,7 +120,7 @@ def test_results_file_records_backend_and_goes_to_the_store(oracle_run, tok):
     from hylo_bench.reports import store
     from hylo_bench.reports.results import parse_ruler_run
 
-    summary, lm = oracle_run
+    summary, _ = oracle_run
     path = Path(summary["results_path"])
     doc = json.loads(path.read_text())
     assert doc["kind"] == "ruler" and doc["backend"] == "lm-eval" and doc["flavor"] == "lm-eval"

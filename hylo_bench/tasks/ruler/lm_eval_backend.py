@@ -37,10 +37,12 @@ import importlib
 import inspect
 import json
 import logging
+import platform
 import statistics
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, atomic_write_text, git_sha
@@ -380,6 +382,11 @@ def _record(lm: Any, task: str, length: int, cfg: RulerConfig, res: dict) -> tup
         nulls += not postprocess_pred([prediction])[0]
         rows.append({"doc_id": s["doc_id"], "prompt_sha256": text_hash(context), "prompt_tokens": prompt_tokens[-1],
                      "prediction": prediction, "outputs": s["doc"]["outputs"], "score": s.get(str(length))})
+    max_gen = int(res.get("configs", {}).get(name, {}).get("generation_kwargs", {}).get("max_gen_toks", 0))
+    if max(prompt_tokens) + max_gen > lm.max_length:
+        logger.warning("%s @ %d: prompts of up to %d tokens + %d to generate exceed the model's window of %d "
+                       "tokens; lm-eval's HFLM cut them from the left", name, length, max(prompt_tokens), max_gen,
+                       lm.max_length)
     record = {
         "task": task, "seq_len": length, "score": 100.0 * float(value), "n": len(samples), "seed": cfg.seed,
         "nulls": nulls, "prompt_tokens_mean": statistics.fmean(prompt_tokens),
@@ -392,8 +399,6 @@ def _record(lm: Any, task: str, length: int, cfg: RulerConfig, res: dict) -> tup
 def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                 splitter: str | None, tok_dir: str) -> dict:
     from hylo_bench.tasks.ruler.runner import _param_dtype, _version
-
-    import platform
 
     param = next(iter(lm.model.parameters()), None)
     return {
@@ -450,27 +455,25 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
     """
     from rich.console import Console
 
-    from hylo_bench.tasks.ruler.runner import (
-        MODEL_INFO_KEYS, SUMMARY_KEYS, _header, _means, _record_in_store, _results_path,
-    )
+    from hylo_bench.tasks.ruler import runner as R
     from hylo_bench.tasks.ruler.scoring import weighted_averages
 
     check_tasks(cfg.tasks)
-    missing = [k for k in MODEL_INFO_KEYS if k not in model_info]
+    missing = [k for k in R.MODEL_INFO_KEYS if k not in model_info]
     if missing:
-        raise ValueError(f"model_info lacks {missing}; load_model must return {MODEL_INFO_KEYS}")
+        raise ValueError(f"model_info lacks {missing}; load_model must return {R.MODEL_INFO_KEYS}")
     console = console or Console(stderr=True)
     haystack_text = read_haystack_text(cfg.haystack_path)
     qa_files = {t: resolve_qa_file(t, cfg.qa_path(t)) for t in cfg.tasks if t in QA_SOURCES}
     tok_hash = tokenizer_hash(lm.tokenizer)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = _results_path(results_dir, str(model_info["name"]))
+    path = R._results_path(results_dir, str(model_info["name"]))
     samples_dir = results_dir / "lm-eval-ruler" / path.stem
     scores: dict[str, dict[str, float]] = {}
     with offline_hooks(cfg.tasks, haystack_text, qa_files, sample_cap=cfg.samples) as hooks, \
             tokenizer_dir(lm.tokenizer, model_info.get("path")) as tok_dir:
-        doc = _header(model_info, cfg, _provenance(lm, model_info, cfg, tok_hash, haystack_text,
+        doc = R._header(model_info, cfg, _provenance(lm, model_info, cfg, tok_hash, haystack_text,
                                                    hooks["sentence_splitter"], tok_dir))
         doc["backend"] = "lm-eval"
         for length in cfg.lengths:
@@ -482,13 +485,13 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
                 atomic_write_text(samples_dir / f"{task}-{length}.jsonl",
                                   "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
                 doc["records"].append(record)
-                doc["mean"] = _means(doc["records"])
+                doc["mean"] = R._means(doc["records"])
                 doc.update(weighted_averages(doc["mean"]))
                 atomic_write_json(path, doc)
-                _record_in_store(doc, path, results_dir)
+                R._record_in_store(doc, path, results_dir)
                 scores.setdefault(task, {})[str(length)] = record["score"]
     return {"model": model_info["name"], "flavor": "lm-eval", "backend": "lm-eval", "scores": scores,
-            "mean": doc["mean"], **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path)}
+            "mean": doc["mean"], **{k: doc[k] for k in R.SUMMARY_KEYS}, "results_path": str(path)}
 
 
 def run_lm_eval(cfg: RulerConfig, *, console: Console | None = None) -> dict:
