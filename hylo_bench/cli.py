@@ -186,7 +186,8 @@ def ruler(
     lengths: str = typer.Option("4k", "--lengths", help="Comma-separated context lengths (k = 1024)."),
     tasks: str = typer.Option("all", "--tasks", help="'all' or comma-separated task names."),
     samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
-    seed: int = typer.Option(42, "--seed"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Default 42 (native); with --backend lm-eval, lm-eval's "
+                                       "random_seed 0."),
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     haystack: Optional[Path] = typer.Option(None, "--haystack", help="Text file for the essay haystack."),
     batch_size: int = typer.Option(1, "--batch-size"),
@@ -196,8 +197,12 @@ def ruler(
     list_tasks: bool = typer.Option(False, "--list-tasks", help="Print the task names and exit."),
     strip_think: bool = typer.Option(False, "--strip-think/--no-strip-think",
                                      help="Remove <think>...</think> spans from predictions before scoring."),
-    flavor: str = typer.Option("nvidia", "--flavor", help="nvidia (NVIDIA/RULER prompts, QA any-match) or "
-                               "lm-eval (lm-eval 0.4.13's variant); see docs/ruler.md."),
+    flavor: Optional[str] = typer.Option(None, "--flavor", help="nvidia (NVIDIA/RULER prompts, QA any-match; the "
+                                         "native default) or lm-eval (lm-eval 0.4.13's variant; the only flavor of "
+                                         "--backend lm-eval); see docs/ruler.md."),
+    backend: str = typer.Option("native", "--backend", help="native (hylo-bench's RULER) or lm-eval (lm-eval "
+                                "0.4.13's own ruler tasks and scorer through the hylo model class, offline); "
+                                "compare the two on one model, see docs/ruler.md."),
     squad: Optional[Path] = typer.Option(None, "--squad", help="SQuAD v2 dev-v2.0.json for ruler_qa_squad "
                                          "(default: $HYLO_BENCH_SQUAD, else ~/.cache/hylo_bench/ruler/)."),
     hotpotqa: Optional[Path] = typer.Option(None, "--hotpotqa", help="hotpot_dev_distractor_v1.json for "
@@ -227,12 +232,16 @@ def ruler(
             length_list = [parse_length(x) for x in lengths.split(",") if x.strip()]
         except ValueError as e:
             raise ValueError(f"--lengths: {e}") from None
+        if backend not in R.BACKENDS:
+            raise ValueError(f"--backend: expected one of {', '.join(R.BACKENDS)}, got {backend!r}")
+        lm_eval = backend == "lm-eval"
         cfg = R.RulerConfig(model=model, lengths=length_list, tasks=R.select_tasks(tasks, squad, hotpotqa),
-                            samples=samples, seed=seed, results_dir=str(results_dir),
+                            samples=samples, seed=seed if seed is not None else (0 if lm_eval else 42),
+                            results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
-                            chat_template=chat_template, device=device, strip_think=strip_think, flavor=flavor,
-                            squad_path=squad, hotpotqa_path=hotpotqa, resume=resume, devices=devices,
-                            engine=engine)
+                            chat_template=chat_template, device=device, strip_think=strip_think,
+                            flavor=flavor or ("lm-eval" if lm_eval else "nvidia"), squad_path=squad,
+                            hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend)
         result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

@@ -63,3 +63,25 @@ def test_ruler_resume_engine_and_devices_flags(tiny_base_dir, tmp_path):
     assert doc["config"]["resume"] is True and doc["provenance"]["engine"] == "native"
     res = runner.invoke(app, [*args, "--devices", "0"])
     assert res.exit_code == 2 and "devices must be >= 1" in res.output
+
+
+def test_ruler_backend_lm_eval_end_to_end_and_bad_input(tiny_base_dir, tmp_path):
+    """lm-eval's own niah_single_1 through the CLI on a checkpoint directory: its tokenizer is the model's own,
+    lm-eval's default seed, the native --json shape; unsupported combinations fail with the flag named."""
+    args = ["ruler", "--model", str(tiny_base_dir), "--backend", "lm-eval", "--lengths", "2k", "--samples", "1",
+            "--results-dir", str(tmp_path), "--device", "cpu"]
+    res = runner.invoke(app, [*args, "--tasks", "niah_single_1", "--json"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["backend"] == "lm-eval" and obj["flavor"] == "lm-eval" and obj["model"] == str(tiny_base_dir)
+    assert set(obj["scores"]) == {"niah_single_1"} and set(obj["scores"]["niah_single_1"]) == {"2048"}
+    assert 0 <= obj["mean"]["2048"] <= 100
+    doc = json.loads(open(obj["results_path"]).read())
+    assert doc["provenance"]["backend"] == "lm-eval" and doc["seed"] == 0
+    assert doc["provenance"]["tokenizer_source"] == "model directory" and doc["records"][0]["n"] == 1
+    for extra, message in ((["--tasks", "niah_single_9"], "no lm-eval 0.4.13 ruler task for 'niah_single_9'"),
+                           (["--tasks", "niah_single_1", "--flavor", "nvidia"], "flavor 'nvidia'"),
+                           (["--tasks", "niah_single_1", "--devices", "2"], "--devices 2"),
+                           (["--tasks", "niah_single_1", "--backend", "vllm"], "--backend: expected one of")):
+        res = runner.invoke(app, [*args, *extra])
+        assert res.exit_code == 2 and message in res.output, res.output

@@ -31,7 +31,7 @@ RECORD_KEYS = {
 PROVENANCE_KEYS = {
     "model_hash", "tokenizer_hash", "generator_version", "flavor", "seed", "samples_per_task", "batch_size", "dtype",
     "device", "num_processes", "engine", "chat_template", "strip_think", "torch_version", "transformers_version",
-    "python_version", "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256",
+    "python_version", "hylo_bench_version", "git_sha", "haystack_sha256", "qa_data_sha256", "backend",
 }  # fmt: skip
 
 
@@ -117,8 +117,8 @@ def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
     cfg = _cfg(tmp_path)
     summary = evaluate_model(LlamaForCausalLM(config), tok, INFO, cfg, console=_quiet())
 
-    assert set(summary) == {"model", "flavor", "scores", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec",
-                            "results_path"} and summary["model"] == "tiny/llama"
+    assert set(summary) == {"model", "flavor", "backend", "scores", "mean", "avg", "weighted_avg_inc",
+                            "weighted_avg_dec", "results_path"} and summary["model"] == "tiny/llama"
     assert set(summary["scores"]) == {"niah_single_1", "ruler_vt"}
     assert all(0.0 <= v["1024"] <= 100.0 for v in summary["scores"].values())
     files = list(tmp_path.glob("ruler-tiny_llama-*.json"))

@@ -2,7 +2,8 @@
 in two flavors (NVIDIA/RULER's prompts or lm-eval 0.4.13's port), generation sized to each model's tokenizer,
 string-match scoring, length-weighted averages, and a cached runner that stores per-sample predictions (resumable
 mid-(task, length)), shards samples over processes (``parallel``) and decodes through ``generate()`` or the native
-serving engine (``decoding``).
+serving engine (``decoding``); ``backend="lm-eval"`` runs lm-eval 0.4.13's own ruler tasks instead
+(``lm_eval_backend``).
 
 Spec: /work/shared/reference/ruler.md; differences between flavors: docs/ruler.md. Public API: ``generate_sample``,
 ``score_prediction``, ``TASKS``, ``list_tasks``, ``select_tasks``, ``RulerConfig``, ``run``, ``evaluate_model``,
@@ -12,7 +13,7 @@ Spec: /work/shared/reference/ruler.md; differences between flavors: docs/ruler.m
 from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import FLAVORS, TASKS, RulerTask, get_task, list_tasks
-from hylo_bench.tasks.ruler.runner import RulerConfig, evaluate_model, render_tables, run, select_tasks
+from hylo_bench.tasks.ruler.runner import BACKENDS, RulerConfig, evaluate_model, render_tables, run, select_tasks
 from hylo_bench.tasks.ruler.sampling import generate_sample, sample_seed
 from hylo_bench.tasks.ruler.scoring import (
     postprocess_pred,
@@ -24,6 +25,7 @@ from hylo_bench.tasks.ruler.scoring import (
 )
 
 __all__ = [
+    "BACKENDS",
     "FLAVORS",
     "QA_SOURCES",
     "TASKS",

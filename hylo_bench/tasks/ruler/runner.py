@@ -36,6 +36,8 @@ from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_aver
 
 logger = logging.getLogger(__name__)
 MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
+BACKENDS = ("native", "lm-eval")
+"""``native``: hylo-bench's RULER implementation; ``lm-eval``: lm-eval 0.4.13's ``ruler`` tasks (docs/ruler.md)."""
 SUMMARY_KEYS = ("avg", "weighted_avg_inc", "weighted_avg_dec")
 
 
@@ -73,6 +75,10 @@ class RulerConfig:
         engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
             :mod:`hylo_bench.serving.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
             generate otherwise); :mod:`hylo_bench.tasks.ruler.decoding`.
+        backend: ``native`` (hylo-bench's generators, scorer and decoding: everything above) or ``lm-eval``
+            (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
+            :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports
+            neither ``resume``, ``devices`` > 1, ``engine="native"`` nor ``strip_think``.
     """
 
     model: str
@@ -92,6 +98,7 @@ class RulerConfig:
     resume: bool = False
     devices: int = 1
     engine: str = "auto"
+    backend: str = "native"
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -104,6 +111,10 @@ class RulerConfig:
             raise ValueError(f"lengths has duplicates: {self.lengths!r}")
         if not self.tasks:
             raise ValueError("tasks must name at least one RULER task; see hylo_bench.tasks.ruler.list_tasks()")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "lm-eval":
+            self._check_lm_eval_backend()
         for task in self.tasks:
             get_task(task)
         if len(set(self.tasks)) != len(self.tasks):
@@ -124,6 +135,23 @@ class RulerConfig:
                 found, reason = locate_qa_file(task, self.qa_path(task))
                 if found is None:
                     raise FileNotFoundError(reason)
+
+    def _check_lm_eval_backend(self) -> None:
+        from hylo_bench.tasks.ruler.lm_eval_backend import check_tasks
+
+        check_tasks(self.tasks)
+        unsupported = {
+            "flavor": (self.flavor != "lm-eval", f"flavor {self.flavor!r}: lm-eval's own tasks are the lm-eval "
+                       "flavor (use --flavor lm-eval or leave it out)"),
+            "resume": (self.resume, "--resume (lm-eval decodes every (task, length) afresh)"),
+            "devices": (self.devices != 1, f"--devices {self.devices} (one process only)"),
+            "engine": (self.engine == "native", "--engine native (decoding goes through lm-eval's HFLM "
+                       "generate_until; use auto or generate)"),
+            "strip_think": (self.strip_think, "--strip-think (lm-eval scores the raw generations)"),
+        }
+        bad = [why for flag, why in unsupported.values() if flag]
+        if bad:
+            raise ValueError("--backend lm-eval does not support " + "; ".join(bad))
 
     def to_dict(self) -> dict:
         """JSON-ready copy (paths as strings)."""
@@ -161,6 +189,12 @@ def run(cfg: RulerConfig, *, console: Console | None = None) -> dict | None:
     """
     from hylo_bench.tasks.ruler.parallel import launched_world_size, run_parallel
 
+    if cfg.backend == "lm-eval":
+        if launched_world_size() > 1:
+            raise ValueError("--backend lm-eval runs in one process; launch it without torchrun")
+        from hylo_bench.tasks.ruler.lm_eval_backend import run_lm_eval
+
+        return run_lm_eval(cfg, console=console)
     if cfg.devices > 1 or launched_world_size() > 1:
         return run_parallel(cfg, console=console)
     from hylo_bench.models.loading import load_model
@@ -215,6 +249,7 @@ def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, ha
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     qa_files = {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES}
     return {
+        "backend": "native",
         "model_hash": model_info["hash"],
         "tokenizer_hash": tok_hash,
         "generator_version": GENERATOR_VERSION,
@@ -450,7 +485,8 @@ def evaluate_model(
                 scores.setdefault(task, {})[str(length)] = record["score"]
     if not lead:
         return None
-    return {"model": model_info["name"], "flavor": cfg.flavor, "scores": scores, "mean": doc["mean"],
+    return {"model": model_info["name"], "flavor": cfg.flavor, "backend": "native", "scores": scores,
+            "mean": doc["mean"],
             **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path)}
 
 
@@ -473,7 +509,8 @@ def render_tables(summary: dict) -> list[Table]:
         table.add_row("mean", f"{mean:.2f}", style="bold")
         tables.append(table)
     if summary["mean"]:
-        table = Table(title=f"RULER {summary['model']} ({summary.get('flavor', 'nvidia')} flavor)")
+        backend = " via lm-eval" if summary.get("backend") == "lm-eval" else ""
+        table = Table(title=f"RULER {summary['model']} ({summary.get('flavor', 'nvidia')} flavor{backend})")
         lengths = sorted(summary["mean"], key=int)
         for col in [*lengths, "Avg.", "wAvg. (inc)", "wAvg. (dec)"]:
             table.add_column(col, justify="right")
