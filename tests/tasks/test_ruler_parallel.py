@@ -3,6 +3,7 @@ model; two spawned CPU workers loading a tiny checkpoint), and actionable device
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from pathlib import Path
@@ -35,12 +36,15 @@ def test_two_shards_split_the_samples_and_match_one_process(tok, tmp_path):
 
     cfg2 = _cfg(tmp_path / "two", samples=5)
     barrier = threading.Barrier(2, timeout=120)
-    models, out, errors = [DyingLM(tok, answers), DyingLM(tok, answers)], {}, []
+    # one tokenizer per thread, as separate processes have: a Rust tokenizer shared by two threads that set its
+    # padding / truncation concurrently is not thread-safe (this test was flaky with a shared one)
+    toks = [copy.deepcopy(tok), copy.deepcopy(tok)]
+    models, out, errors = [DyingLM(toks[0], answers), DyingLM(toks[1], answers)], {}, []
 
     def worker(rank: int) -> None:
         try:
             shard = Shard(rank=rank, world_size=2, barrier=barrier.wait)
-            out[rank] = evaluate_model(models[rank], tok, INFO, cfg2, console=_quiet(), shard=shard)
+            out[rank] = evaluate_model(models[rank], toks[rank], INFO, cfg2, console=_quiet(), shard=shard)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
             barrier.abort()
