@@ -56,6 +56,16 @@ def save_checkpoint(spec: str, out: Path, device: str) -> dict:
             "checkpoint_gib": round(sum(p.stat().st_size for p in out.iterdir()) / 2**30, 3)}
 
 
+def flat_scores(out: dict | None) -> dict:
+    """Flat record fields from a command's ``--json`` object: ``ruler_mean_<length>`` (0-100) for ruler,
+    ``<task>_<metric>`` (0-100) for eval."""
+    if not out:
+        return {}
+    if "mean" in out:
+        return {f"ruler_mean_{length}": v for length, v in out["mean"].items()}
+    return {f"{task}_{metric}": v for task, ms in out.get("scores", {}).items() for metric, v in ms.items()}
+
+
 def run_cli(args: list[str], timeout_s: float) -> dict:
     """Run ``python -m hylo_bench ARGS``; the JSON object it prints (last line starting with '{') and timings."""
     t0 = time.perf_counter()
@@ -74,7 +84,7 @@ def run_cli(args: list[str], timeout_s: float) -> dict:
         except json.JSONDecodeError:
             out = None
     rec = {"status": "ok" if p.returncode == 0 else "error", "exit_code": p.returncode, "seconds": secs,
-           "output": out}
+           **flat_scores(out)}
     if p.returncode != 0:
         rec["stderr_tail"] = p.stderr[-1500:]
     print(f"{' '.join(args[:3])}: exit {p.returncode} in {secs} s", flush=True)

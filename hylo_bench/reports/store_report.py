@@ -129,7 +129,12 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
         variant = df["variant"].fillna("").astype(str)
         df["model"] = df["model"].where(variant == "", df["model"] + " [" + variant + "]")
     df["status"] = df["status"].fillna("ok") if "status" in df else "ok"
-    df = df.reindex(columns=cols).sort_values(["run_id"], kind="stable")
+    df = df.reindex(columns=cols)
+    if "created_utc" in runs:  # the newest run's value of a (model, context) point wins, whatever the import order
+        df["_created"] = df["run_id"].map(runs.set_index("id")["created_utc"])
+        df = df.sort_values(["_created", "run_id"], kind="stable").drop(columns="_created")
+    else:
+        df = df.sort_values(["run_id"], kind="stable")
     df = df.drop_duplicates(["model", "seq_len"], keep="last").sort_values(["model", "seq_len"]).reset_index(drop=True)
     df["seq_len"] = df["seq_len"].astype(int)
     return df, other
