@@ -16,13 +16,15 @@ import torch
 from torch import nn
 
 from hylo_bench.kernels.kl import chunked_kl_div
+from hylo_bench.upcycle.train.distributed import reshard_root, unshard_root
 
 
 @torch.no_grad()
 def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list, list, list]:
     """Run an HF Llama/Qwen3 model once and capture per layer: input [B, T, D], output, attention output.
 
-    The attention output is the ``self_attn`` result after ``o_proj``, before the residual add.
+    The attention output is the ``self_attn`` result after ``o_proj``, before the residual add. An FSDP2-sharded
+    teacher has its root unit (embeddings, final norm) gathered for the call and freed after it.
     """
     layers = teacher.model.layers
     ins: list = [None] * len(layers)
@@ -47,6 +49,7 @@ def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor) -> tuple[list,
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_hook(layer_hook(i), with_kwargs=True))
         hooks.append(layer.self_attn.register_forward_hook(attn_hook(i)))
+    unshard_root(teacher)
     try:
         teacher.model(input_ids=input_ids, use_cache=False)
     finally:
@@ -63,8 +66,11 @@ def _l2(a: torch.Tensor, b: torch.Tensor, squared: bool) -> torch.Tensor:
 def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool = False) -> tuple[torch.Tensor, dict]:
     """Enhanced-ILD loss of a batch [B, T] summed over layers; also returns the two terms separately.
 
-    The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama).
+    The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama). FSDP2-sharded
+    models (:mod:`hylo_bench.upcycle.train.distributed`) get their root units gathered for the loss; the
+    teacher's is freed at the end, the student's by FSDP's post-backward (or here when no gradient is taken).
     """
+    unshard_root(student)
     ins, outs, mix = teacher_layer_io(teacher, input_ids)
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -77,6 +83,9 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
             h_s, h_t = student.model.norm(h_s), teacher.model.norm(h_t)
         hid_terms.append(_l2(h_s, h_t, squared))
         mix_terms.append(_l2(a_s, mix[i], squared))
+    reshard_root(teacher)
+    if not torch.is_grad_enabled():
+        reshard_root(student)
     hid, mx = torch.stack(hid_terms).sum(), torch.stack(mix_terms).sum()
     return hid + mx, {"ild_hidden": hid.item(), "ild_mixer": mx.item()}
 
@@ -84,12 +93,20 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
 def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0,
             chunk_size: int = 4096) -> tuple[torch.Tensor, dict]:
     """Per-token forward KL(p_teacher || p_student) from final hidden states and both lm_heads, chunked so no
-    [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden")."""
+    [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden").
+
+    FSDP2-sharded models get their root units (embeddings, final norm, ``lm_head``) gathered for the loss; the
+    teacher's is freed once the loss is formed (the chunked KL keeps no teacher tensor for backward), the
+    student's by FSDP's post-backward (or here when no gradient is taken)."""
+    unshard_root(student, teacher)
     with torch.no_grad():
         t_hidden = teacher.model(input_ids=input_ids, use_cache=False).last_hidden_state
     s_hidden = student.model(input_ids=input_ids).last_hidden_state
     loss = chunked_kl_div(s_hidden.flatten(0, 1), student.lm_head.weight, t_hidden.flatten(0, 1),
                           teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size)
+    reshard_root(teacher)
+    if not torch.is_grad_enabled():
+        reshard_root(student)
     return loss, {"kl": loss.item()}
 
 
