@@ -70,8 +70,8 @@ def init_distributed(device: str | None = None) -> DistContext | None:
     """
     if not under_torchrun():
         return None
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     want_cuda = device is None and torch.cuda.is_available() or (device or "").startswith("cuda")
     if want_cuda:
         if not torch.cuda.is_available():

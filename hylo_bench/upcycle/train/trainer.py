@@ -23,11 +23,11 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hylo_bench.io_utils import atomic_write_bytes
+from hylo_bench.upcycle.stages import Stage
 from hylo_bench.upcycle.train import distributed as dist_utils
 from hylo_bench.upcycle.train.distributed import DistContext
 from hylo_bench.upcycle.train.losses import ild_loss, kd_loss
 from hylo_bench.upcycle.train.metrics import TrainLog, peak_memory_bytes, utc_now
-from hylo_bench.upcycle.stages import Stage
 
 
 @dataclass(kw_only=True, slots=True)
