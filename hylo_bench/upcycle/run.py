@@ -233,7 +233,19 @@ def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistConte
 
 
 def _resume_path(out: Path, ctx: DistContext | None) -> Path:
-    return out / (RESUME_DCP_DIR if ctx is not None else RESUME_FILE)
+    """``OUT/resume.pt`` (one process) or ``OUT/resume_dcp/`` (torchrun).
+
+    Raises:
+        ValueError: the other kind of mid-stage state is present (the stage would silently restart from step 0).
+    """
+    if ctx is not None:
+        mine, other, where, how = RESUME_DCP_DIR, RESUME_FILE, "in one process", "without torchrun"
+    else:
+        mine, other, where, how = RESUME_FILE, RESUME_DCP_DIR, "under torchrun", "under torchrun"
+    if (out / other).exists():
+        raise ValueError(f"{out / other}: this stage was interrupted {where}; resume it {how}, or delete "
+                         f"{out / other} to restart the stage")
+    return out / mine
 
 
 def _write_json(path: Path, obj, ctx: DistContext | None) -> None:

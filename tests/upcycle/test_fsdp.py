@@ -118,6 +118,8 @@ def test_kill_mid_stage_then_resume_continues_with_the_same_losses(runs, tiny_ba
     cut = json.loads((tmp_path / "cut" / "manifest.json").read_text())
     assert [s["status"] for s in cut["stages"]] == ["done", "running"] and cut["stages"][1]["steps"] == 1
     assert (tmp_path / "cut" / "resume_dcp" / ".metadata").is_file()
+    with pytest.raises(ValueError, match="interrupted under torchrun; resume it under torchrun"):
+        run(cfg)  # one process must not silently restart the stage
     run_ranks(cfg)
     resumed = json.loads((tmp_path / "cut" / "manifest.json").read_text())
     # same world size, same reduction order: the continuation is bitwise that of the uninterrupted run
