@@ -14,7 +14,8 @@ trainer runs as before. Layout (training-recipe.md §4.4, Zebra-Llama's FSDP ful
 - every rank takes an equal slice of each optimizer step's windows (:func:`rank_microbatches`); per-rank losses
   are token means, FSDP averages gradients over ranks, so the update is that of one process on the global batch.
 - mid-stage state goes to a ``torch.distributed.checkpoint`` directory (sharded model + optimizer + progress),
-  written to a temporary directory and renamed, so a resumed run may even use another number of ranks.
+  written to a temporary directory and renamed (DCP reshards on load; resuming on another number of ranks is
+  untested).
 """
 
 from __future__ import annotations
