@@ -231,15 +231,17 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
     return model
 
 
-def save_hylo(model, directory: str | Path) -> None:
+def save_hylo(model, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``config.json``, ``hybrid_config.json`` and ``model.safetensors`` (atomically) in the released layout.
 
-    Tensors are saved as they are (contiguous copies); inference-only buffers are never written.
+    Tensors are saved as they are (contiguous copies); inference-only buffers are never written. ``state_dict``
+    replaces ``model.state_dict()`` (e.g. the merged full state dict of an FSDP-sharded model).
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     model.config.save_files(d)
-    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
+    sd = {k: v.detach().contiguous().cpu() for k, v in (model.state_dict() if state_dict is None
+                                                         else state_dict).items()
           if not k.endswith(INFERENCE_ONLY_SUFFIXES)}
     atomic_write_bytes(d / WEIGHTS_NAME, safetensors_save(sd, metadata={"format": "pt"}))
     if getattr(model, "generation_config", None) is not None:

@@ -5,6 +5,7 @@ Output directory layout::
     OUT/manifest.json            run settings, per-stage status, tokens seen, losses, held-out KL
     OUT/stages/<i>-<name>/       the student after stage i (released layout + tokenizer)
     OUT/resume.pt                mid-stage state (removed when the stage completes)
+    OUT/resume_dcp/              the same under torchrun: a torch.distributed.checkpoint directory (sharded)
     OUT/train_log.jsonl          one JSON line per optimizer step (metrics.TrainLog); OUT/tb/ TensorBoard events
     OUT/decontamination.json     training documents dropped for a 13-gram overlap with --decontam eval sets
     OUT/layer_selection.json     per-layer scores and chosen MLA layers (``--layout auto:...`` only)
@@ -12,6 +13,12 @@ Output directory layout::
 
 Re-running the same command on an existing OUT resumes: finished stages are skipped (their checkpoint is
 loaded), an interrupted stage continues from ``resume.pt``.
+
+Under ``torchrun`` (``WORLD_SIZE`` set) the run is data-parallel with FSDP2 (student and teacher sharded per
+decoder layer; see :mod:`hylo_bench.upcycle.train.distributed`): every rank builds the same windows and trains
+on its slice of each global batch, rank 0 writes the manifest, logs and the merged ``model.safetensors`` after each
+stage (same files as a single-process run), and ``OUT`` must be on a filesystem all ranks share. Without
+``WORLD_SIZE`` nothing changes: one process, ``resume.pt``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from hylo_bench.models.config import default_mla_layers, parse_layout
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
 from hylo_bench.upcycle.stages import Stage, parse_stages
+from hylo_bench.upcycle.train import distributed as dist_utils
+from hylo_bench.upcycle.train.distributed import DistContext
 
 logger = logging.getLogger(__name__)
 
@@ -201,20 +210,80 @@ def _load_hf(spec: str, device: str, dtype: torch.dtype):
     return model, AutoTokenizer.from_pretrained(d), d
 
 
-def _save_student(student, tokenizer, d: Path) -> None:
+RESUME_FILE, RESUME_DCP_DIR = "resume.pt", "resume_dcp"
+
+
+def _save_student(student, tokenizer, d: Path, ctx: DistContext | None = None) -> None:
+    """Write the student in the released layout; a sharded student is merged first (collective) and written by
+    rank 0 only."""
     from hylo_bench.models.checkpoint import save_hylo
 
-    save_hylo(student, d)
-    tokenizer.save_pretrained(d)
+    if ctx is None:
+        save_hylo(student, d)
+        tokenizer.save_pretrained(d)
+        return
+    full = dist_utils.full_state_dict(student)  # every rank joins; rank 0 receives the tensors
+    if ctx.is_main:
+        save_hylo(student, d, state_dict=full)
+        tokenizer.save_pretrained(d)
+    dist_utils.barrier()
+
+
+def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistContext | None):
+    """The student saved after a finished stage: a fresh model, or loaded into the sharded one under torchrun."""
+    from hylo_bench.models.checkpoint import load_hylo
+
+    if ctx is None:
+        return load_hylo(stage_dir, dtype=torch.float32, device=device)
+    from safetensors.torch import load_file
+
+    from hylo_bench.models.checkpoint import WEIGHTS_NAME
+
+    dist_utils.load_full_state_dict(student, {k: v.float() for k, v in load_file(stage_dir / WEIGHTS_NAME).items()})
+    return student
+
+
+def _resume_path(out: Path, ctx: DistContext | None) -> Path:
+    """``OUT/resume.pt`` (one process) or ``OUT/resume_dcp/`` (torchrun).
+
+    Raises:
+        ValueError: the other kind of mid-stage state is present (the stage would silently restart from step 0).
+    """
+    if ctx is not None:
+        mine, other, where, how = RESUME_DCP_DIR, RESUME_FILE, "in one process", "without torchrun"
+    else:
+        mine, other, where, how = RESUME_FILE, RESUME_DCP_DIR, "under torchrun", "under torchrun"
+    if (out / other).exists():
+        raise ValueError(f"{out / other}: this stage was interrupted {where}; resume it {how}, or delete "
+                         f"{out / other} to restart the stage")
+    return out / mine
+
+
+def _write_json(path: Path, obj, ctx: DistContext | None) -> None:
+    """``atomic_write_json`` on rank 0 only (every rank keeps the same object in memory)."""
+    if ctx is None or ctx.is_main:
+        atomic_write_json(path, obj)
 
 
 def run(cfg: UpcycleConfig) -> dict:
     """Upcycle ``cfg.base`` into a hybrid and distil it; returns the final manifest (also in OUT/manifest.json).
 
+    Under ``torchrun`` joins the process group (NCCL on GPU, gloo on CPU), trains with FSDP2 and leaves the group
+    at the end; see the module docstring.
+
     Raises:
         ValueError: on bad settings (layout, stages, data) with the offending flag named.
         FileNotFoundError: unresolvable base/teacher/data.
     """
+    ctx = dist_utils.init_distributed(cfg.device)
+    try:
+        return _run(cfg, ctx)
+    finally:
+        if ctx is not None:
+            dist_utils.shutdown()
+
+
+def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     from hylo_bench.models.loading import default_device
     from hylo_bench.upcycle.data import load_corpus
     from hylo_bench.upcycle.train.losses import eval_kl
@@ -224,7 +293,9 @@ def run(cfg: UpcycleConfig) -> dict:
     out = Path(cfg.out)
     if cfg.doc_boundaries not in DOC_BOUNDARIES:
         raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
-    device = cfg.device or default_device()
+    device = ctx.device if ctx is not None else cfg.device or default_device()
+    main = ctx is None or ctx.is_main
+    logger.info("%s", ctx.describe() if ctx is not None else f"single process on {device} (no torchrun)")
     stages: list[Stage] = parse_stages(cfg.stages, cfg.tokens_per_stage)
     teacher_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     base, tokenizer, base_dir = _load_hf(cfg.base, device, torch.float32)
@@ -249,6 +320,10 @@ def run(cfg: UpcycleConfig) -> dict:
     student = init_student(base, hcfg)
     if cfg.gradient_checkpointing:
         student.model.gradient_checkpointing = True
+    if ctx is not None:  # FSDP2: student in bf16 compute over fp32 master weights on GPU; fp32 on CPU (gloo)
+        dist_utils.shard_model(student, ctx, mixed_precision=device.startswith("cuda"))
+        for frozen in {id(m): m for m in (base, teacher)}.values():
+            dist_utils.shard_model(frozen, ctx, mixed_precision=False)
 
     manifest_path = out / "manifest.json"
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
@@ -259,16 +334,17 @@ def run(cfg: UpcycleConfig) -> dict:
     if cfg.decontam:
         settings["decontam"] = list(cfg.decontam)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    dist_utils.barrier()  # every rank has read the old manifest before rank 0 rewrites it
     if manifest and manifest.get("settings") != settings:
         old = manifest.get("settings", {})
         diff = {k: (old.get(k), settings[k]) for k in settings if old.get(k) != settings[k]}
         raise ValueError(f"{manifest_path}: {out} holds a run with other settings "
                          f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); use a new --out")
     out.mkdir(parents=True, exist_ok=True)
-    if selection is not None:
+    if selection is not None and main:
         save_selection(out, selection)
     if decontam_report is not None:
-        atomic_write_json(out / DECONTAM_FILE, decontam_report)
+        _write_json(out / DECONTAM_FILE, decontam_report, ctx)
     if manifest is not None:
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
@@ -285,26 +361,29 @@ def run(cfg: UpcycleConfig) -> dict:
             "dropped_doc_ids": [d["doc_id"] for d in decontam_report["dropped"]], "report": str(out / DECONTAM_FILE)}
     if corpus.mixture is not None:
         manifest["mixture"] = corpus.mixture.to_dict()
+    manifest["distributed"] = {"world_size": ctx.world_size, "backend": ctx.backend, "fsdp": "fully_shard"} \
+        if ctx is not None else None
     held_out = corpus.windows(tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) if cfg.eval_windows \
         else None
     if "kl_init" not in manifest:
         manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if held_out is not None:
             logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
-    atomic_write_json(manifest_path, manifest)
+    _write_json(manifest_path, manifest, ctx)
 
     train_log = TrainLog(out, tensorboard=cfg.tensorboard)
     peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
     try:
-        student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device, train_log,
-                              peak_flops, corpus)
+        student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device,
+                              train_log if main else None, peak_flops, corpus, ctx)
     finally:
         train_log.close()
-    _save_student(student, tokenizer, out)
+    _save_student(student, tokenizer, out, ctx)
     manifest["final_checkpoint"] = str(out)
     manifest["finished_utc"] = _now()
-    atomic_write_json(manifest_path, manifest)
-    _record_in_store(manifest, manifest_path, cfg)
+    _write_json(manifest_path, manifest, ctx)
+    if main:
+        _record_in_store(manifest, manifest_path, cfg)
     return manifest
 
 
@@ -316,9 +395,8 @@ def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) ->
 
 
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
-                device: str, train_log, peak_flops: float | None, corpus):
+                device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
-    from hylo_bench.models.checkpoint import load_hylo
     from hylo_bench.upcycle.train.losses import eval_kl
     from hylo_bench.upcycle.train.metrics import train_flops_per_token
     from hylo_bench.upcycle.train.trainer import StageOptions, train_stage
@@ -331,7 +409,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             if not (stage_dir / "model.safetensors").is_file():
                 raise ValueError(f"{stage_dir}: stage {stage.name} finished but its checkpoint is missing (the run "
                                  f"used --no-stage-checkpoints), so it cannot resume; use a new --out")
-            student = load_hylo(stage_dir, dtype=torch.float32, device=device)
+            student = _load_stage_checkpoint(stage_dir, student, device, ctx)
             continue
         per_step = cfg.batch_size * cfg.grad_accum
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
@@ -354,20 +432,25 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         def on_log(res, entry=entry):
             entry.update(tokens_seen=res.tokens_seen, steps=res.steps, losses=res.losses, seconds=res.seconds,
                          peak_memory_gib=res.peak_memory_gib)
-            atomic_write_json(manifest_path, manifest)
+            _write_json(manifest_path, manifest, ctx)
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
-                          out / "resume.pt", on_log=on_log, train_log=train_log, position_ids=position_ids)
+                          _resume_path(out, ctx), on_log=on_log if ctx is None or ctx.is_main else None,
+                          train_log=train_log, dist_ctx=ctx, position_ids=position_ids)
         on_log(res)
         entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
         if cfg.save_stage_checkpoints:
-            _save_student(student, tokenizer, stage_dir)
+            _save_student(student, tokenizer, stage_dir, ctx)
             entry["checkpoint"] = str(stage_dir)
             if "sampler_state_end" in entry:
-                atomic_write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"])
+                _write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"], ctx)
         entry["status"] = "done"
         entry["finished_utc"] = _now()
-        atomic_write_json(manifest_path, manifest)
-        _record_in_store(manifest, manifest_path, cfg)
-        (out / "resume.pt").unlink(missing_ok=True)
+        _write_json(manifest_path, manifest, ctx)
+        if ctx is None or ctx.is_main:
+            _record_in_store(manifest, manifest_path, cfg)
+        if ctx is None:
+            (out / RESUME_FILE).unlink(missing_ok=True)
+        else:
+            dist_utils.remove_checkpoint(out / RESUME_DCP_DIR, ctx)
     return student

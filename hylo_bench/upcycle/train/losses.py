@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hylo_bench.kernels.kl import chunked_kl_div
+from hylo_bench.upcycle.train.distributed import reshard_root, unshard_root
 
 
 def _packed(input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[dict, dict]:
@@ -46,7 +47,8 @@ def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor,
     """Run an HF Llama/Qwen3 model once and capture per layer: input [B, T, D], output, attention output.
 
     The attention output is the ``self_attn`` result after ``o_proj``, before the residual add.
-    ``position_ids`` [B, T] restarting per document: packed documents (see the module docstring).
+    ``position_ids`` [B, T] restarting per document: packed documents (see the module docstring). An FSDP2-sharded
+    teacher has its root unit (embeddings, final norm) gathered for the call and freed after it.
     """
     layers = teacher.model.layers
     ins: list = [None] * len(layers)
@@ -71,6 +73,7 @@ def teacher_layer_io(teacher: nn.Module, input_ids: torch.Tensor,
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_hook(layer_hook(i), with_kwargs=True))
         hooks.append(layer.self_attn.register_forward_hook(attn_hook(i)))
+    unshard_root(teacher)
     try:
         teacher.model(input_ids=input_ids, use_cache=False, **_packed(input_ids, position_ids)[0])
     finally:
@@ -89,9 +92,12 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
              position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Enhanced-ILD loss of a batch [B, T] summed over layers; also returns the two terms separately.
 
-    The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama).
+    The last layer's hidden-state term is taken after the final norm of each model (Zebra-Llama). FSDP2-sharded
+    models (:mod:`hylo_bench.upcycle.train.distributed`) get their root units gathered for the loss; the
+    teacher's is freed at the end, the student's by FSDP's post-backward (or here when no gradient is taken).
     ``position_ids`` [B, T] restarting per document: packed documents (module docstring).
     """
+    unshard_root(student)
     ins, outs, mix = teacher_layer_io(teacher, input_ids, position_ids)
     B, T = input_ids.shape
     packed = _packed(input_ids, position_ids)[1]
@@ -106,6 +112,9 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
             h_s, h_t = student.model.norm(h_s), teacher.model.norm(h_t)
         hid_terms.append(_l2(h_s, h_t, squared))
         mix_terms.append(_l2(a_s, mix[i], squared))
+    reshard_root(teacher)
+    if not torch.is_grad_enabled():
+        reshard_root(student)
     hid, mx = torch.stack(hid_terms).sum(), torch.stack(mix_terms).sum()
     return hid + mx, {"ild_hidden": hid.item(), "ild_mixer": mx.item()}
 
@@ -116,13 +125,19 @@ def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: f
     [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden").
 
     ``position_ids`` [B, T] restarting per document: packed documents, no attention across them (module
-    docstring)."""
+    docstring). FSDP2-sharded models get their root units (embeddings, final norm, ``lm_head``) gathered for the
+    loss; the teacher's is freed once the loss is formed (the chunked KL keeps no teacher tensor for backward), the
+    student's by FSDP's post-backward (or here when no gradient is taken)."""
+    unshard_root(student, teacher)
     t_kw, s_kw = _packed(input_ids, position_ids)
     with torch.no_grad():
         t_hidden = teacher.model(input_ids=input_ids, use_cache=False, **t_kw).last_hidden_state
     s_hidden = student.model(input_ids=input_ids, **s_kw).last_hidden_state
     loss = chunked_kl_div(s_hidden.flatten(0, 1), student.lm_head.weight, t_hidden.flatten(0, 1),
                           teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size)
+    reshard_root(teacher)
+    if not torch.is_grad_enabled():
+        reshard_root(student)
     return loss, {"kl": loss.item()}
 
 

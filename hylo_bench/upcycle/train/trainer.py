@@ -4,6 +4,10 @@ One function, :func:`train_stage`, runs an ILD or KD stage on a fixed tensor of 
 ``save_every`` optimizer steps it writes ``resume.pt`` atomically: student weights, optimizer, step and
 losses, so an interrupted stage restarts from the last save with the same next batches. Every step also goes
 to ``OUT/train_log.jsonl`` (and TensorBoard) through :class:`hylo_bench.upcycle.train.metrics.TrainLog`.
+
+Under ``torchrun`` (a :class:`~hylo_bench.upcycle.train.distributed.DistContext` given, models FSDP2-sharded) each
+rank trains on its slice of every optimizer step's windows, the logged losses are averaged over ranks, only rank 0
+logs, and the mid-stage state is a ``torch.distributed.checkpoint`` directory instead of ``resume.pt``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hylo_bench.io_utils import atomic_write_bytes
+from hylo_bench.upcycle.stages import Stage
+from hylo_bench.upcycle.train import distributed as dist_utils
+from hylo_bench.upcycle.train.distributed import DistContext
 from hylo_bench.upcycle.train.losses import ild_loss, kd_loss
 from hylo_bench.upcycle.train.metrics import TrainLog, peak_memory_bytes, utc_now
-from hylo_bench.upcycle.stages import Stage
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,11 +76,25 @@ def _save_resume(path: Path, student, opt, step: int, result: StageResult) -> No
     atomic_write_bytes(path, buf.getvalue())
 
 
+_PROGRESS_KEYS = ("step", "tokens_seen", "losses", "seconds", "world_size")
+
+
+def _save_resume_dcp(path: Path, student, opt, step: int, result: StageResult, ctx: DistContext) -> None:
+    progress = dict(zip(_PROGRESS_KEYS, (step, result.tokens_seen, result.losses, result.seconds, ctx.world_size)))
+    dist_utils.save_checkpoint(path, student, opt, progress, ctx)
+
+
 def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: StageResult, *, loss: float, lr: float,
-              grad_norm: float, tokens_per_s: float, step_time_s: float, terms: dict, device: torch.device) -> None:
-    """One ``train_log.jsonl`` record for the step just finished (keys: :func:`train_stage`)."""
-    mem, mem_kind = peak_memory_bytes(device)
-    mfu = tokens_per_s * opts.flops_per_token / opts.peak_flops if opts.flops_per_token and opts.peak_flops else None
+              grad_norm: float, tokens_per_s: float, step_time_s: float, terms: dict, device: torch.device,
+              memory: tuple[int, str] | None = None, n_devices: int = 1) -> None:
+    """One ``train_log.jsonl`` record for the step just finished (keys: :func:`train_stage`).
+
+    ``memory``: (bytes, kind) to log instead of this process's peak; ``n_devices``: devices sharing
+    ``tokens_per_s`` (MFU is over their summed peak).
+    """
+    mem, mem_kind = memory if memory is not None else peak_memory_bytes(device)
+    mfu = tokens_per_s * opts.flops_per_token / (opts.peak_flops * n_devices) \
+        if opts.flops_per_token and opts.peak_flops else None
     train_log.log({"stage": stage.name, "stage_index": opts.stage_index, "kind": stage.kind, "step": result.steps,
                    "tokens_seen": result.tokens_seen, "loss": loss, "kl": loss if stage.kind == "kd" else None,
                    "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
@@ -85,7 +105,7 @@ def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: Sta
 
 def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
                 on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None,
-                position_ids: torch.Tensor | None = None) -> StageResult:
+                position_ids: torch.Tensor | None = None, dist_ctx: DistContext | None = None) -> StageResult:
     """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
 
     Args:
@@ -100,27 +120,43 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             kept across resumes), ``time_utc``, and the loss terms (``ild_hidden``, ``ild_mixer``).
         position_ids: [N, seq_len] per-document positions of ``windows`` (``hylo_bench.upcycle.packing``): packed
             documents, no attention or recurrent state across them. None: plain causal windows.
+        dist_ctx: set under torchrun: ``student`` and ``teacher`` are FSDP2-sharded
+            (:func:`hylo_bench.upcycle.train.distributed.shard_model`), every rank holds the same ``windows`` and
+            takes an equal slice of each step's ``batch_size * grad_accum`` windows; ``resume_path`` is a DCP
+            directory; losses, tokens/s and MFU are global (MFU over ``world_size`` x ``opts.peak_flops``), peak
+            memory is the largest over ranks; pass ``on_log`` / ``train_log`` on rank 0 only.
+
+    Raises:
+        ValueError: the budget is less than one optimizer step, or the ranks cannot split the global batch.
     """
     per_step = opts.batch_size * opts.grad_accum
     total_steps = len(windows) // per_step
     if total_steps == 0:
         raise ValueError(f"stage {stage.name}: budget {stage.token_budget} tokens is less than one optimizer step "
                          f"({per_step} x {stage.seq_len_tokens} tokens)")
-    device = next(student.parameters()).device
+    ctx = dist_ctx
+    device = torch.device(ctx.device) if ctx else next(student.parameters()).device
+    world, rank = (ctx.world_size, ctx.rank) if ctx else (1, 0)
+    micro_bs, accum = dist_utils.rank_microbatches(opts.batch_size, opts.grad_accum, world) if ctx \
+        else (opts.batch_size, opts.grad_accum)
     params = [p for p in student.parameters() if p.requires_grad]
     if stage.kind == "ild":  # embeddings / head get no ILD gradient (teacher forcing); keep them out
         head = {id(student.lm_head.weight), id(student.model.embed_tokens.weight)}
         params = [p for p in params if id(p) not in head]
     opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), weight_decay=0.0)
     result, start = StageResult(), 0
-    if resume_path.is_file():
+    if ctx is not None and resume_path.exists():
+        st = dist_utils.load_checkpoint(resume_path, student, opt)
+        start, result.tokens_seen, result.losses, result.seconds = st["step"], st["tokens_seen"], st["losses"], \
+            st["seconds"]
+    elif ctx is None and resume_path.is_file():
         st = torch.load(resume_path, map_location=device, weights_only=False)
         student.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         start, result.tokens_seen, result.losses, result.seconds = st["step"], st["tokens_seen"], st["losses"], \
             st["seconds"]
     student.train()
-    torch.manual_seed(opts.seed + start)
+    torch.manual_seed(opts.seed + start)  # the RNG state is a function of the step: resumes draw the same numbers
     if train_log is not None:
         train_log.start_stage(opts.stage_index, stage.name, start)
     if device.type == "cuda":
@@ -128,7 +164,7 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("loss {task.fields[loss]:.4f}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, transient=False) as progress:
+    with Progress(*columns, transient=False, disable=rank != 0) as progress:
         bar = progress.add_task(stage.name, total=total_steps, completed=start, tps=0.0, loss=float("nan"))
         for step in range(start, total_steps):
             t0 = time.perf_counter()
@@ -137,20 +173,27 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             opt.zero_grad(set_to_none=True)
             logs: dict[str, float] = {}
             loss_sum = 0.0
-            for micro in range(opts.grad_accum):
-                i0 = (step * opts.grad_accum + micro) * opts.batch_size
-                x = windows[i0:i0 + opts.batch_size].to(device)
-                pos = None if position_ids is None else position_ids[i0:i0 + opts.batch_size].to(device)
+            for micro in range(accum):
+                # this rank's slice of the step's windows: [rank * per_step / world, (rank + 1) * per_step / world)
+                i0 = step * per_step + rank * (per_step // world) + micro * micro_bs
+                x = windows[i0:i0 + micro_bs].to(device)
+                pos = None if position_ids is None else position_ids[i0:i0 + micro_bs].to(device)
                 with torch.autocast(device.type, dtype=opts.autocast_dtype, enabled=opts.autocast_dtype is not None):
                     if stage.kind == "ild":
                         loss, logs = ild_loss(student, teacher, x, position_ids=pos)
                     else:
                         loss, logs = kd_loss(student, teacher, x, opts.temperature, opts.kl_chunk_size,
                                              position_ids=pos)
-                (loss / opts.grad_accum).backward()
-                loss_sum += loss.item() / opts.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm).item()
+                (loss / accum).backward()
+                loss_sum += loss.item() / accum
+            grad_norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm))
             opt.step()
+            memory = None
+            if ctx is not None:  # global numbers for the log (every rank joins these all-reduces)
+                logs = dist_utils.mean_over_ranks({"loss": loss_sum} | logs, ctx.device)
+                loss_sum = logs.pop("loss")
+                mem, mem_kind = peak_memory_bytes(device)
+                memory = (dist_utils.max_over_ranks(mem, ctx.device), mem_kind)
             result.steps = step + 1
             result.tokens_seen += per_step * windows.shape[1]
             dt = time.perf_counter() - t0
@@ -162,13 +205,19 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                                       "tokens_per_s": tps} | logs)
                 if on_log:
                     on_log(result)
-            if device.type == "cuda":
+            if memory is not None and device.type == "cuda":
+                result.peak_memory_gib = memory[0] / 2 ** 30
+            elif device.type == "cuda":
                 result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2 ** 30
             if train_log is not None:
                 _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
-                          grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device)
+                          grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device,
+                          memory=memory, n_devices=world)
             progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
             if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
-                _save_resume(resume_path, student, opt, step + 1, result)
+                if ctx is not None:
+                    _save_resume_dcp(resume_path, student, opt, step + 1, result, ctx)
+                else:
+                    _save_resume(resume_path, student, opt, step + 1, result)
     student.eval()
     return result
