@@ -3,7 +3,8 @@
 ``python -m hylo_bench.serving.vllm_plugin.greedy MODEL_DIR --prompts '[[1, 2, 3]]' --max-tokens 8``
 (run with the Python of an environment that has vLLM; vLLM loads the plugin through its entry point).
 
-Output keys: ``tokens`` (list of generated id lists, one per prompt), ``num_blocks``, ``block_size``,
+Output keys: ``tokens`` (list of generated id lists, one per prompt), ``logprobs`` (per prompt, per step a
+``{token_id: logprob}`` of the top ``--logprobs`` tokens; empty lists without it), ``num_blocks``, ``block_size``,
 ``kv_cache_size_tokens``, ``use_mla``, ``is_hybrid``, ``max_model_len``, ``startup_s``, ``generate_s``,
 ``vllm_version``.
 """
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
     ap.add_argument("--ssm-dtype", default="float32", help="mamba_ssm_cache_dtype (GDN recurrent state)")
+    ap.add_argument("--logprobs", type=int, default=0, help="also return the top-K logprobs of every step")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -37,13 +39,16 @@ def main(argv: list[str] | None = None) -> int:
               mamba_ssm_cache_dtype=args.ssm_dtype, max_num_seqs=4, seed=0)
     t1 = time.perf_counter()
     prompts = [{"prompt_token_ids": list(p)} for p in json.loads(args.prompts)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
+                        logprobs=args.logprobs or None)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
     t2 = time.perf_counter()
     vc = llm.llm_engine.vllm_config
     cc, mc = vc.cache_config, vc.model_config
     result = {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [[{str(t): float(lp.logprob) for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])]
+                     for o in outs],
         "num_blocks": cc.num_gpu_blocks, "block_size": cc.block_size,
         "mamba_block_size": getattr(cc, "mamba_block_size", None),
         "mamba_page_size_padded": getattr(cc, "mamba_page_size_padded", None),

