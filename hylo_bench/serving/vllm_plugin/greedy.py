@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
     ap.add_argument("--ssm-dtype", default="float32", help="mamba_ssm_cache_dtype (GDN recurrent state)")
+    ap.add_argument("--max-num-seqs", type=int, default=4, help="requests batched together")
+    ap.add_argument("--executor", default=None, help="distributed_executor_backend (e.g. uni: worker in-process)")
     ap.add_argument("--logprobs", type=int, default=0, help="also return the top-K logprobs of every step")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=args.max_model_len,
               enforce_eager=True, enable_prefix_caching=False, kv_cache_memory_bytes=args.kv_cache_bytes,
-              mamba_ssm_cache_dtype=args.ssm_dtype, max_num_seqs=4, seed=0)
+              mamba_ssm_cache_dtype=args.ssm_dtype, max_num_seqs=args.max_num_seqs, seed=0,
+              distributed_executor_backend=args.executor)
     t1 = time.perf_counter()
     prompts = [{"prompt_token_ids": list(p)} for p in json.loads(args.prompts)]
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
