@@ -148,7 +148,7 @@ class HyLoMLA(nn.Module):
 
 
 class HyLoGatedDeltaNet(QwenGatedDeltaNetAttention):
-    """vLLM GDN layer with HyLo's value heads split into ``hylo_gdn_expand_v`` heads of the key head dim.
+    """vLLM GDN layer with each HyLo value head (e * K dims) split into e heads of the key head dim K.
 
     Config (export-vllm): ``linear_num_key_heads`` = h, ``linear_num_value_heads`` = e * h,
     ``linear_key_head_dim`` = ``linear_value_head_dim`` = K. Value head ``j * e + r`` is the r-th K-slice of
