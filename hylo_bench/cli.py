@@ -404,6 +404,22 @@ def generate(
                   f"{len(result.token_ids)} new tokens, {dt:.1f} s with loading[/]")
 
 
+@app.command("export-vllm")
+def export_vllm(
+    ckpt: Path = typer.Argument(..., help="HyLo checkpoint directory (config.json + hybrid_config.json + weights)."),
+    out: Path = typer.Argument(..., help="Output directory for vLLM: config.json plus links to the weights."),
+) -> None:
+    """Lay out a checkpoint for vLLM (HyLoForCausalLM plugin): writes OUT/config.json, links weights/tokenizer."""
+    from hylo_bench.serving.vllm_plugin.export import export_vllm as run_export
+
+    try:
+        path = run_export(ckpt, out)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"[green]wrote {path}[/]; serve with vLLM (needs hylo-bench installed in vLLM's environment): "
+                  f"LLM(model={str(out)!r}, dtype='bfloat16', enable_prefix_caching=False)")
+
+
 @app.command()
 def sweep(
     model: str = typer.Argument(..., help="Checkpoint dir, hub id, 'demo', or a recipe name (random weights of its "

