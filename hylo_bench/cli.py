@@ -82,7 +82,8 @@ def upcycle(
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
     doc_boundaries: Optional[str] = typer.Option(None, "--doc-boundaries", help="Packed documents keep their "
                                                  "boundaries (no attention or recurrent state across documents) in "
-                                                 "'kd' stages (default), 'all' stages, or 'off'."),
+                                                 "'kd' stages (default; 'off' with --data demo, one book), 'all' stages, or "
+                                                 "'off'."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),

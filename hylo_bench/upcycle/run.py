@@ -76,8 +76,14 @@ class UpcycleConfig:
     tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
     decontam: list[str] = field(default_factory=list)  # eval sets to decontaminate against (decontam.py)
     # packed documents keep their boundaries (no attention / recurrent state across them; packing.py) in
-    # "kd" stages only, "all" stages (ILD too) or "off" (plain causal windows, Zebra-Llama's packing)
-    doc_boundaries: str = "kd"
+    # "kd" stages only, "all" stages (ILD too) or "off" (plain causal windows, Zebra-Llama's packing).
+    # None: "kd", except "off" for --data demo, whose text documents are paragraphs of one book (splitting them
+    # would shorten every training context; the demo's settings were tuned on plain windows).
+    doc_boundaries: str | None = None
+
+    def doc_boundaries_mode(self) -> str:
+        """The packing mode this run uses (``doc_boundaries`` with its data-dependent default resolved)."""
+        return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -291,7 +297,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
-    if cfg.doc_boundaries not in DOC_BOUNDARIES:
+    if cfg.doc_boundaries_mode() not in DOC_BOUNDARIES:
         raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
     device = ctx.device if ctx is not None else cfg.device or default_device()
     main = ctx is None or ctx.is_main
@@ -329,7 +335,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
-                "doc_boundaries": cfg.doc_boundaries,
+                "doc_boundaries": cfg.doc_boundaries_mode(),
                 "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
     if cfg.decontam:
         settings["decontam"] = list(cfg.decontam)
@@ -418,7 +424,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                                           n_windows)
         else:
             rows = corpus.rows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
-        keep_bounds = uses_doc_boundaries(cfg.doc_boundaries, stage.kind)
+        keep_bounds = uses_doc_boundaries(cfg.doc_boundaries_mode(), stage.kind)
         windows, position_ids = rows.input_ids, (rows.position_ids if keep_bounds else None)
         entry["packing"] = rows.summary() | {"doc_boundaries": keep_bounds}
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,

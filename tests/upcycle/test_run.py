@@ -52,8 +52,14 @@ def test_init_copies_base_weights_and_mixers(tiny_base_dir):
     assert s["lm_head.weight"].data_ptr() != s["model.embed_tokens.weight"].data_ptr()
 
 
+def test_doc_boundaries_default_is_kd_except_for_the_demo_book():
+    assert UpcycleConfig(out="o").doc_boundaries_mode() == "off"  # --data demo: paragraphs of one book
+    assert UpcycleConfig(out="o", data="corpus.jsonl").doc_boundaries_mode() == "kd"
+    assert UpcycleConfig(out="o", doc_boundaries="all").doc_boundaries_mode() == "all"
+
+
 def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
-    manifest = run(_cfg(tiny_base_dir, tmp_path / "out"))
+    manifest = run(_cfg(tiny_base_dir, tmp_path / "out", doc_boundaries="kd"))
     out = tmp_path / "out"
     assert [s["status"] for s in manifest["stages"]] == ["done", "done"]
     assert [s["name"] for s in manifest["stages"]] == ["ild-128", "kd-512"]
@@ -65,7 +71,7 @@ def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
     assert student.config.mla_layers == [1, 3] and student.config.mixer_types == ["gdn", "mla", "gdn", "mla"]
     assert not (out / "resume.pt").exists()
     assert 0 < manifest["stages"][1]["kl_after"] < 1 and 0 < manifest["kl_init"] < 1  # nats/token, recorded
-    # --doc-boundaries kd (default): the KD stage trains on packed documents with boundaries, ILD on plain windows
+    # --doc-boundaries kd: the KD stage trains on packed documents with boundaries, ILD on plain windows
     assert manifest["settings"]["doc_boundaries"] == "kd"
     ild_pack, kd_pack = manifest["stages"][0]["packing"], manifest["stages"][1]["packing"]
     assert (ild_pack["doc_boundaries"], kd_pack["doc_boundaries"]) == (False, True)
