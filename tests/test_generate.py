@@ -27,8 +27,8 @@ def upcycled(tiny_base_dir, tmp_path_factory):
     saved = {}
     real = run_mod._save_student
 
-    def keep(student, tokenizer, d):
-        real(student, tokenizer, d)
+    def keep(student, tokenizer, d, ctx=None):
+        real(student, tokenizer, d, ctx)
         saved[str(d)] = student
 
     mp = pytest.MonkeyPatch()
