@@ -121,6 +121,33 @@ def chunk_layout(cu_seqlens: torch.Tensor, total: int, chunk_size: int, device: 
                        doc_at=doc_at.to(device), ends=ends, num_lanes=lanes, num_chunks=N)
 
 
+def packed_layout(cu_seqlens: torch.Tensor, batch: int, total: int, chunk_size: int,
+                  initial_state: torch.Tensor | None, state_shape: tuple[int, ...], state_dims: str,
+                  device: torch.device | None = None) -> tuple[int, ChunkLayout]:
+    """(chunk length, :class:`ChunkLayout`) for a chunked scan over packed documents, after the checks the
+    chunked GDN and SSD scans share: the documents are flattened into batch 1, and an initial state (if any) is
+    one per document, ``[n_docs, *state_shape]``.
+
+    Args:
+        cu_seqlens: [n_docs + 1] int offsets. batch: the inputs' batch size. total: packed tokens.
+        chunk_size: the scan's chunk length (shrunk by :func:`varlen_chunk_size`). initial_state: or None.
+        state_shape: the per-document state shape (without n_docs); state_dims: its names for the error, e.g.
+            "HV, K, V".
+
+    Raises:
+        ValueError: batch != 1, an initial state of the wrong shape, or invalid ``cu_seqlens``.
+    """
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={batch}")
+    chunk_size = varlen_chunk_size(cu_seqlens, chunk_size)
+    layout = chunk_layout(cu_seqlens, total, chunk_size, device=device)
+    want = (cu_seqlens.shape[0] - 1, *state_shape)
+    if initial_state is not None and tuple(initial_state.shape) != want:
+        raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, {state_dims}] = {want}; "
+                         f"got {tuple(initial_state.shape)}")
+    return chunk_size, layout
+
+
 def gather_padded(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """x [T, ...] (packed tokens, batch axis removed) -> [L, N * C, ...] in the layout, zeros at padding slots."""
     x0 = torch.cat([x, x.new_zeros(1, *x.shape[1:])], dim=0)

@@ -12,12 +12,11 @@ import torch.nn.functional as F
 from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
 from hylo_bench.kernels.gated_delta.reference import recurrent_update
 from hylo_bench.kernels.varlen import (
-    chunk_layout,
     final_states,
     gather_padded,
+    packed_layout,
     reset_states,
     scatter_back,
-    varlen_chunk_size,
 )
 
 
@@ -77,14 +76,7 @@ def chunk_gated_delta_rule_torch(
     C = chunk_size
     layout = None
     if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={B}")
-        C = varlen_chunk_size(cu_seqlens, C)
-        layout = chunk_layout(cu_seqlens, T, C, device=q.device)
-        n_docs = cu_seqlens.shape[0] - 1
-        if initial_state is not None and initial_state.shape != (n_docs, HV, K, V):
-            raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, HV, K, V] = {(n_docs, HV, K, V)}; "
-                             f"got {tuple(initial_state.shape)}")
+        C, layout = packed_layout(cu_seqlens, B, T, C, initial_state, (HV, K, V), "HV, K, V", device=q.device)
         N, B = layout.num_chunks, layout.num_lanes  # the lanes are the batch from here on
     else:
         N = max(1, -(-T // C))
@@ -141,7 +133,7 @@ def chunk_gated_delta_rule_torch(
     o = torch.stack(outs, dim=2).reshape(B, HV, N * C, V).transpose(1, 2)  # [B, N * C, HV, V]
     if layout is not None:
         o = scatter_back(o, layout)[None]
-        state = final_states(finals, n_docs) if output_final_state else None
+        state = final_states(finals, cu_seqlens.shape[0] - 1) if output_final_state else None
     else:
         o = o[:, :T]
     return o.to(q.dtype), (state if output_final_state else None)

@@ -10,12 +10,11 @@ import torch
 
 from hylo_bench.kernels.ssd._common import check_inputs, compute_dtype, prepare_dt, repeat_groups
 from hylo_bench.kernels.varlen import (
-    chunk_layout,
     final_states,
     gather_padded,
+    packed_layout,
     reset_states,
     scatter_back,
-    varlen_chunk_size,
 )
 
 DEFAULT_CHUNK_SIZE = 256  # Zebra-Llama's mamba_chunk_scan_combined chunk (checkpoint-format.md sec. 4.5)
@@ -70,14 +69,8 @@ def ssd_scan_chunked(
     B_c, C_c = repeat_groups(B.to(cdt), H // G), repeat_groups(C.to(cdt), H // G)
     layout = None
     if cu_seqlens is not None:
-        if Bsz != 1:
-            raise ValueError(f"cu_seqlens needs the packed documents flattened into batch size 1; got B={Bsz}")
-        chunk_size = varlen_chunk_size(cu_seqlens, chunk_size)
-        layout = chunk_layout(cu_seqlens, T, chunk_size, device=x.device)
-        n_docs = cu_seqlens.shape[0] - 1
-        if initial_state is not None and initial_state.shape != (n_docs, H, P, N):
-            raise ValueError(f"with cu_seqlens, initial_state must be [n_docs, H, P, N] = {(n_docs, H, P, N)}; "
-                             f"got {tuple(initial_state.shape)}")
+        chunk_size, layout = packed_layout(cu_seqlens, Bsz, T, chunk_size, initial_state, (H, P, N), "H, P, N",
+                                           device=x.device)
         # padding slots: dt = 0 (no decay, no input), x = B = C = 0
         # the lanes are the batch from here on: [L, N * C, ...]
         dt_BTH, x_c, B_c, C_c = (gather_padded(t[0], layout) for t in (dt_BTH, x_c, B_c, C_c))
@@ -115,7 +108,7 @@ def ssd_scan_chunked(
     if D is not None:
         y_BTHP = y_BTHP + D.to(cdt)[:, None] * x_c
     if layout is not None:
-        y_BTHP, S = scatter_back(y_BTHP, layout)[None], final_states(finals, n_docs)
+        y_BTHP, S = scatter_back(y_BTHP, layout)[None], final_states(finals, cu_seqlens.shape[0] - 1)
     return y_BTHP.to(x.dtype), S
 
 

@@ -37,15 +37,13 @@ import importlib
 import inspect
 import json
 import logging
-import platform
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import hylo_bench
-from hylo_bench.io_utils import atomic_write_json, atomic_write_text, git_sha
+from hylo_bench.io_utils import atomic_write_json, atomic_write_text
 from hylo_bench.tasks.ruler.cache import text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.haystack import essay_words, read_haystack_text, split_sentences
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file, resolve_qa_file
@@ -398,7 +396,7 @@ def _record(lm: Any, task: str, length: int, cfg: RulerConfig, res: dict) -> tup
 
 def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                 splitter: str | None, tok_dir: str) -> dict:
-    from hylo_bench.tasks.ruler.runner import _param_dtype, _version
+    from hylo_bench.tasks.ruler.runner import _param_dtype, software_versions
 
     param = next(iter(lm.model.parameters()), None)
     return {
@@ -422,11 +420,7 @@ def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, hays
         "strip_think": cfg.strip_think,
         "sentence_splitter": splitter,
         "tokenizer_source": "model directory" if tok_dir == model_info.get("path") else "save_pretrained copy",
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "python_version": platform.python_version(),
-        "hylo_bench_version": hylo_bench.__version__,
-        "git_sha": git_sha(),
+        **software_versions(),
         "haystack_sha256": text_hash(haystack_text),
         "qa_data_sha256": {t: load_qa(t, cfg.qa_path(t)).sha256 for t in cfg.tasks if t in QA_SOURCES},
     }

@@ -240,6 +240,13 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def software_versions() -> dict[str, str]:
+    """torch, transformers, Python and hylo-bench versions and the git sha, as provenance records them."""
+    return {"torch_version": _version("torch"), "transformers_version": _version("transformers"),
+            "python_version": platform.python_version(), "hylo_bench_version": hylo_bench.__version__,
+            "git_sha": git_sha()}
+
+
 def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                shard: Shard | None = None) -> dict:
     """What produced a results file: model and tokenizer hashes, generator version, flavor, seed, samples, batch
@@ -263,11 +270,7 @@ def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, ha
         "engine": resolve_engine(model, cfg.engine),
         "chat_template": cfg.chat_template,
         "strip_think": cfg.strip_think,
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "python_version": platform.python_version(),
-        "hylo_bench_version": hylo_bench.__version__,
-        "git_sha": git_sha(),
+        **software_versions(),
         "haystack_sha256": text_hash(haystack_text),
         "qa_data_sha256": qa_files,
     }
