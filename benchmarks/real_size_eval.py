@@ -9,6 +9,9 @@ user's commands in subprocesses, exactly as a user types them:
     hylo-bench ruler --model DIR --lengths 8k,64k --tasks ... --samples N --device cuda --json
     hylo-bench eval DIR --tasks arc_easy,...,gsm8k --data-dir D --limit N --batch-size auto --device cuda --json
 
+``eval`` runs first (once per ``--eval-batch-sizes`` value); its GSM8K generation goes through the native engine
+for the hybrid (``--engine auto``).
+
 Random weights score about 0: this checks that the real-size path runs (engine, kernels, lm-eval bridge) and
 times it. Records: one per (model, command) with ``seconds``, ``status`` (ok | error | timeout), the exit code
 and the JSON the command printed. Writes benchmarks/results/real_size_eval.json after every command.
@@ -72,8 +75,10 @@ def run_cli(args: list[str], timeout_s: float) -> dict:
     try:
         p = subprocess.run([sys.executable, "-m", "hylo_bench", *args], capture_output=True, text=True,
                            timeout=timeout_s, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "seconds": round(time.perf_counter() - t0, 1)}
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        print(f"{' '.join(args[:3])}: timeout; stderr tail:\n{err[-2000:]}", flush=True)
+        return {"status": "timeout", "seconds": round(time.perf_counter() - t0, 1), "stderr_tail": err[-1500:]}
     secs = round(time.perf_counter() - t0, 1)
     out = None
     text = p.stdout.strip()
@@ -101,6 +106,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--eval-limit", type=int, default=8)
     ap.add_argument("--models", default="hybrid,transformer")
+    ap.add_argument("--eval-batch-sizes", default="auto", help="one eval run per value (N or auto), before ruler")
+    ap.add_argument("--eval-engine", default="auto", help="generate_until engine of eval: auto | generate | native")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--smoke", action="store_true", help="CPU, the demo model only, 1K, tiny limits: checks the "
                     "script's logic.")
@@ -110,6 +117,7 @@ def main() -> None:
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         args.lengths, args.samples, args.eval_limit, args.models = "1k", 1, 2, "hybrid"
+        args.eval_batch_sizes = "4"  # auto on CPU would probe 64 x 8192-token forwards for generate()
     from tests.tasks.lmeval_fixtures import write_fixtures
 
     os.environ.setdefault("HYLO_BENCH_DB", str(args.work / "store.sqlite"))
@@ -123,14 +131,14 @@ def main() -> None:
         ckpt = args.work / name
         info = save_checkpoint(specs[name], ckpt, device)
         print(f"{name}: {info}", flush=True)
-        commands = {
-            "ruler": ["ruler", "--model", str(ckpt), "--lengths", args.lengths, "--tasks", args.tasks, "--samples",
-                      str(args.samples), "--device", device, "--json", "--results-dir", str(args.work / "results")],
-            "eval": ["eval", str(ckpt), "--tasks", EVAL_TASKS, "--data-dir", str(data), "--limit",
-                     str(args.eval_limit), "--batch-size", "auto", "--device", device, "--json", "--results-dir",
-                     str(args.work / "results")],
-        }
-        for cmd, argv in commands.items():
+        commands = [("eval", ["eval", str(ckpt), "--tasks", EVAL_TASKS, "--data-dir", str(data), "--limit",
+                              str(args.eval_limit), "--batch-size", bs, "--engine", args.eval_engine, "--device",
+                              device, "--json", "--results-dir", str(args.work / "results")])
+                    for bs in args.eval_batch_sizes.split(",")]
+        commands.append(("ruler", ["ruler", "--model", str(ckpt), "--lengths", args.lengths, "--tasks", args.tasks,
+                                   "--samples", str(args.samples), "--device", device, "--json", "--results-dir",
+                                   str(args.work / "results")]))
+        for cmd, argv in commands:
             left = args.budget_s - (time.perf_counter() - t_start)
             rec = {"model": info["name"], "layout": info["layout"], "kind": info["kind"], "command": cmd,
                    "checkpoint_gib": info["checkpoint_gib"], "argv": " ".join(["hylo-bench", *argv])}

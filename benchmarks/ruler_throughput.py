@@ -68,6 +68,7 @@ def main() -> None:
     from hylo_bench.models.loading import demo_teacher_dir
     from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
     from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
+    from hylo_bench.tasks.ruler.decoding import resolve_engine
     from hylo_bench.tasks.ruler.haystack import default_haystack_text
     from hylo_bench.upcycle.stages import parse_length
 
@@ -78,6 +79,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/ruler-throughput")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ruler_throughput.json"))
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new points after this many seconds")
+    ap.add_argument("--engine", default="auto", help="ruler --engine for both models (auto: native engine for the "
+                    "hybrid on CUDA, transformers generate() for the transformer)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -107,12 +110,12 @@ def main() -> None:
                 write_result(Path(args.out), doc)
                 continue
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
-                              results_dir=str(work), device="cuda")
+                              results_dir=str(work), device="cuda", engine=args.engine)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": 1,
-                   "num_samples": len(tasks) * args.samples}
+                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, args.engine)}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

@@ -344,6 +344,9 @@ def eval_(
                                    "left-truncated)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
+                               "batched), native (serving engine, one prompt at a time) or auto (native for a HyLo "
+                               "model on CUDA)."),
     as_json: bool = typer.Option(False, "--json", help='Print {"scores": {task: {metric: value}}} (0-100).'),
 ) -> None:
     """Score a model on lm-eval tasks (0-shot commonsense + GSM8K by default) with the `hylo` lm-eval model."""
@@ -354,7 +357,7 @@ def eval_(
         cfg = E.EvalConfig(model=model, tasks=names, output_dir=output_dir, num_fewshot=num_fewshot,
                            limit=None if limit is None else (int(limit) if limit >= 1 else limit),
                            batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
-                           data_dir=data_dir, device=device, dtype=dtype)
+                           data_dir=data_dir, device=device, dtype=dtype, engine=engine)
         result = E.run(cfg)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)

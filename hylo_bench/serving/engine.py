@@ -18,6 +18,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +157,8 @@ class _EngineBase:
         return torch.stack(out, dim=1).cpu(), timings
 
     @torch.inference_mode()
-    def generate_until(self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+    def generate_until(self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int],
+                       should_stop: Callable[[list[int]], bool] | None = None) -> list[int]:
         """Greedy generation of one prompt that stops at the first token in ``stop_ids`` (not returned) or after
         ``max_new_tokens`` tokens, as transformers' ``generate`` with ``eos_token_id=stop_ids`` does. Untimed.
 
@@ -164,6 +166,8 @@ class _EngineBase:
             input_ids: [1, T] int64 prompt.
             max_new_tokens: most tokens to generate (>= 1); T + max_new_tokens - 1 <= max_context.
             stop_ids: token ids that end the generation (EOS ids).
+            should_stop: called with the tokens so far after each appended token; True ends the generation with
+                that token kept (stop strings, as transformers' ``StoppingCriteria`` do).
 
         Returns:
             The generated token ids before the first stop token (at most ``max_new_tokens``).
@@ -183,7 +187,7 @@ class _EngineBase:
             if token in stop_ids:
                 return out
             out.append(token)
-            if len(out) == max_new_tokens:
+            if len(out) == max_new_tokens or (should_stop is not None and should_stop(out)):
                 return out
             tok = self._decode(tok, pos)
             pos = pos + 1

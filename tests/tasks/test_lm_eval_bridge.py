@@ -197,6 +197,34 @@ def test_generate_until_batched_equals_unbatched(kind, tiny_models, tiny_tokeniz
     assert one[2] == greedy
 
 
+@pytest.mark.parametrize("kind", ["llama", "hylo"])
+def test_native_engine_generate_until_equals_generate(kind, tiny_models, tiny_tokenizer):
+    """engine='native' (serving engine, row by row, stop strings via should_stop) gives generate()'s texts."""
+    model = tiny_models[kind]
+    prompts = ["Question: Tom has 3 apples.\nAnswer:", "Hi", "A much longer prompt about the devil and his words:"]
+
+    def run(engine, until, batch_size):
+        gen = {"until": until, "do_sample": False, "temperature": 0.0, "max_gen_toks": 16}
+        lm = B.HyLoLM(pretrained=model, tokenizer=tiny_tokenizer, batch_size=batch_size, engine=engine)
+        return lm, lm.generate_until(_instances([(p, dict(gen)) for p in prompts], "generate_until"))
+
+    lm, free = run("native", ["\u2603"], 3)
+    assert lm.engine == "native" and lm._native is not None
+    assert free == run("generate", ["\u2603"], 3)[1]
+    assert sum(len(t) for t in free) > 20
+    longest = max(free, key=len)
+    stop = longest[len(longest) // 2 : len(longest) // 2 + 2]  # a stop string met mid-generation
+    cut = run("native", [stop], 1)[1]
+    assert cut == run("generate", [stop], 3)[1]
+    assert cut[free.index(longest)] == longest.split(stop)[0]
+
+
+def test_engine_auto_resolves_to_generate_on_cpu(tiny_models, tiny_tokenizer):
+    assert B.HyLoLM(pretrained=tiny_models["hylo"], tokenizer=tiny_tokenizer).engine == "generate"
+    with pytest.raises(ValueError, match="engine: expected one of"):
+        B.HyLoLM(pretrained=tiny_models["hylo"], tokenizer=tiny_tokenizer, engine="vllm")
+
+
 def test_tie_weights_keeps_hylo_head_untied(tiny_models, tiny_tokenizer):
     model = tiny_models["hylo"]
     before = model.lm_head.weight.clone()

@@ -122,15 +122,24 @@ class NativeDecoder:
             self.capacity = capacity
         return self.engine
 
-    def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+    def tokens(self, ids: list[int], max_new_tokens: int, should_stop: Callable[[list[int]], bool] | None = None
+               ) -> list[int]:
+        """Greedy continuation token ids of one prompt, before the first EOS, at most ``max_new_tokens``.
+
+        Args:
+            ids: the prompt's token ids (no padding).
+            max_new_tokens: generation budget in tokens.
+            should_stop: optional predicate on the tokens so far (e.g. a stop string was decoded); True ends the
+                generation keeping the last token (see ``Engine.generate_until``).
+        """
         import torch
 
-        texts = []
-        for ids in prompt_ids:
-            engine = self._ensure(len(ids) + max_new_tokens - 1)
-            tokens = engine.generate_until(torch.tensor([ids], dtype=torch.long), max_new_tokens, self.eos)
-            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
-        return texts
+        engine = self._ensure(len(ids) + max_new_tokens - 1)
+        return engine.generate_until(torch.tensor([ids], dtype=torch.long), max_new_tokens, self.eos, should_stop)
+
+    def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+        return [self.tokenizer.decode(self.tokens(ids, max_new_tokens), skip_special_tokens=True)
+                for ids in prompt_ids]
 
 
 def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -> Decoder:
