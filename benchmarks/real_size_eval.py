@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--eval-limit", type=int, default=8)
     ap.add_argument("--models", default="hybrid,transformer")
     ap.add_argument("--eval-batch-sizes", default="auto", help="one eval run per value (N or auto), before ruler")
+    ap.add_argument("--commands", default="eval,ruler", help="which CLI commands to run per model")
     ap.add_argument("--eval-engine", default="auto", help="generate_until engine of eval: auto | generate | native")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--smoke", action="store_true", help="CPU, the demo model only, 1K, tiny limits: checks the "
@@ -138,6 +139,7 @@ def main() -> None:
         commands.append(("ruler", ["ruler", "--model", str(ckpt), "--lengths", args.lengths, "--tasks", args.tasks,
                                    "--samples", str(args.samples), "--device", device, "--json", "--results-dir",
                                    str(args.work / "results")]))
+        commands = [(cmd, argv) for cmd, argv in commands if cmd in args.commands.split(",")]
         for cmd, argv in commands:
             left = args.budget_s - (time.perf_counter() - t_start)
             rec = {"model": info["name"], "layout": info["layout"], "kind": info["kind"], "command": cmd,

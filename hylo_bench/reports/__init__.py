@@ -1,12 +1,21 @@
 """Results: file readers (``results``), the SQL results store (``store``, ``ingest``), the HTML report and
 ``compare`` (regression gate). RULER result files, manifests and stored runs go to pandas and plotly.
 
-Never imports torch.
+Never imports torch. The names below load on first use, so importing a submodule (``reports.ingest`` from the
+eval runner, say) does not pull in plotly.
 """
 
-from hylo_bench.reports.report import build_report, write_tables
-from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
+import importlib
+from typing import Any
 
-__all__ = [
-    "build_report", "load_manifests", "load_results", "models_table", "ruler_means", "task_tables", "write_tables",
-]
+_LAZY = {
+    "build_report": "report", "write_tables": "report", "load_manifests": "results", "load_results": "results",
+    "models_table": "results", "ruler_means": "results", "task_tables": "results",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"hylo_bench.reports.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'hylo_bench.reports' has no attribute {name!r}")
