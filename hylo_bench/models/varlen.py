@@ -108,31 +108,39 @@ def varlen_causal_conv1d(x_BCT: torch.Tensor, weight: torch.Tensor, bias: torch.
     """Causal depthwise conv that restarts at every document: each document sees zero history, i.e. the same
     result as ``F.conv1d`` over each document alone with W - 1 zeros of left padding.
 
-    Computed as the ordinary causal conv of each row, then corrected at the few tokens whose window reaches
-    back across a document start (position within the document < W - 1): the taps on the previous document's
-    tokens are subtracted there. Extra memory is O(n_docs * W * C), not O(T * C).
+    Computed as the ordinary causal conv of each row, then recomputed at the few tokens whose window reaches
+    back across a document start (position within the document < W - 1, not the row start): their W-input
+    windows are gathered, the taps before the document start zeroed, and the dot products with the kernel summed
+    in float32 (float64 inputs stay float64) and written over the row conv's outputs there. Recomputing rather
+    than subtracting the cross-document taps keeps bf16 exact to one rounding: subtracting leaves an error of
+    order eps_bf16 * |row conv|, large next to a short document's output after a large previous document. Extra
+    memory is O(n_docs * W * C), not O(T * C).
 
     Args:
         x_BCT: [B, C, T] inputs. weight: [C, 1, W] depthwise kernel. bias: [C] or None.
         pos_BT: [B, T] position of each token within its document (:func:`document_index`).
 
     Returns:
-        [B, C, T] (no activation).
+        [B, C, T] (no activation), dtype of ``x_BCT``.
     """
     W = weight.shape[-1]
-    C = x_BCT.shape[1]
+    C, T = x_BCT.shape[1], x_BCT.shape[2]
     w = weight.to(x_BCT.dtype)
-    y = F.conv1d(F.pad(x_BCT, (W - 1, 0)), w, None if bias is None else bias.to(x_BCT.dtype), groups=C)
+    b = None if bias is None else bias.to(x_BCT.dtype)
+    y = F.conv1d(F.pad(x_BCT, (W - 1, 0)), w, b, groups=C)
     if W == 1:
         return y
-    b_idx, t_idx = torch.nonzero((pos_BT < W - 1) & (pos_BT < torch.arange(pos_BT.shape[1], device=pos_BT.device)),
+    b_idx, t_idx = torch.nonzero((pos_BT < W - 1) & (pos_BT < torch.arange(T, device=pos_BT.device)),
                                  as_tuple=True)  # near a document start, and not the row start (zero-padded)
     if b_idx.numel() == 0:
         return y
-    pos = pos_BT[b_idx, t_idx]
-    corr = x_BCT.new_zeros(b_idx.numel(), C)
-    for j in range(1, W):  # F.conv1d pairs w[:, 0, W - 1 - j] with input t - j
-        src = t_idx - j
-        cross = ((pos < j) & (src >= 0)).to(x_BCT.dtype)[:, None]
-        corr = corr + x_BCT[b_idx, :, src.clamp(min=0)] * w[:, 0, W - 1 - j] * cross
-    return y.transpose(1, 2).index_put((b_idx, t_idx), -corr, accumulate=True).transpose(1, 2)
+    acc = torch.promote_types(x_BCT.dtype, torch.float32)
+    lag = torch.arange(W - 1, -1, -1, device=t_idx.device)  # F.conv1d pairs w[:, 0, k] with input t - (W - 1 - k)
+    src = t_idx[:, None] - lag  # [n, W]
+    keep = lag <= pos_BT[b_idx, t_idx][:, None]  # [n, W]: taps inside the document (so also src >= 0)
+    win = x_BCT.transpose(1, 2)[b_idx[:, None], src.clamp(min=0)]  # [n, W, C]
+    win = win.to(acc).masked_fill(~keep[..., None], 0)  # masked, not multiplied: inf / nan outside stay out
+    out = (win * w[:, 0].t().to(acc)).sum(1)  # [n, C]
+    if b is not None:
+        out = out + b.to(acc)
+    return y.transpose(1, 2).index_put((b_idx, t_idx), out.to(y.dtype)).transpose(1, 2)

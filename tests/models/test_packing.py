@@ -99,6 +99,24 @@ def test_varlen_conv_and_attention_match_per_document_ops(cu):
             torch.testing.assert_close(o[:, :, s:e], att, rtol=0, atol=1e-12, msg=m)
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_varlen_conv_bf16_is_exact_to_one_rounding_after_large_documents(with_bias):
+    """bf16: the tokens right after a document start (a one-token document among them) are recomputed, not the row
+    conv minus the cross-document taps, whose bf16 cancellation left an error of order eps * |row conv| there."""
+    torch.manual_seed(5)
+    cu, C, W = torch.tensor([0, 6, 7, 9, 16], dtype=torch.int32), 8, 4
+    x = torch.randn(1, C, 16, dtype=torch.float64)
+    for s in cu[1:-1].tolist():  # the previous document's last W - 1 tokens are large
+        x[..., max(s - (W - 1), 0):s] *= 100
+    x, w, b = x.bfloat16(), torch.randn(C, 1, W).bfloat16(), torch.randn(C).bfloat16() if with_bias else None
+    y = varlen_causal_conv1d(x, w, b, position_ids_from_cu_seqlens(cu, 1, 16))
+    assert y.dtype == torch.bfloat16 and y.shape == (1, C, 16)
+    ref = torch.cat([F.conv1d(F.pad(x.double()[..., s:e], (W - 1, 0)), w.double(), None if b is None else b.double(),
+                              groups=C) for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], dim=-1)
+    # one bf16 rounding of the float64 result: |err| <= 2^-8 |ref| (the subtracting version: up to 640 |ref|)
+    torch.testing.assert_close(y.double(), ref, rtol=2.0 ** -8, atol=1e-5)
+
+
 def _model(linear_type: str) -> HyLoForCausalLM:
     torch.manual_seed(0)
     m = HyLoForCausalLM(tiny_hybrid_config(linear_type=linear_type)).eval().double()
@@ -178,6 +196,20 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 HAS_FLA = __import__("importlib").util.find_spec("fla") is not None
 CU_GPU = [0, 100, 357, 358, 800, 1000]  # includes a one-token document
+
+
+@pytest.mark.parametrize("linear_type", ["gdn", "mamba"])
+def test_packed_row_per_document_logits_bf16_cpu(linear_type):
+    """The CUDA test's bf16 check on CPU (torch kernels): packed logits against separate runs per document. With
+    the subtracting varlen conv the one-token document was off by 3e-2 (gdn) / 1e-2 (mamba); now <= 2e-3."""
+    model = _model(linear_type).to(torch.bfloat16)
+    torch.manual_seed(2)
+    cu = torch.tensor(CU_GPU, dtype=torch.int32)
+    ids = torch.randint(3, 97, (1, 1000))
+    with torch.no_grad():
+        packed = model(ids, cu_seqlens=cu).logits[0]
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            assert _rel(packed[s:e], model(ids[:, s:e]).logits[0]) < 5e-3, (s, e)
 
 
 @pytest.mark.gpu
