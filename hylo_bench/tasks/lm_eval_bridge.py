@@ -425,10 +425,19 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
     path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}.json", 1
     while path.exists():
         path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}-{k}.json", k + 1
+    from hylo_bench.tasks.ruler.cache import tokenizer_hash
+    from hylo_bench.tasks.ruler.runner import software_versions
+
     atomic_write_json(path, {
         "kind": "lm-eval-summary", "hylo_bench_version": hylo_bench.__version__, "git_sha": git_sha(),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.model_info,
-        "config": cfg.to_dict(), "lm_eval_version": res.get("lm_eval_version"), "n-shot": res.get("n-shot"),
+        "config": cfg.to_dict(),
+        "provenance": {**software_versions(), "lm_eval_version": res.get("lm_eval_version"),
+                       "tokenizer_hash": tokenizer_hash(lm.tokenizer), "device": str(lm.device),
+                       "param_dtype": str(next(lm.model.parameters()).dtype), "engine": lm.engine,
+                       "add_bos_token": lm.add_bos_token, "apply_chat_template": False,
+                       "max_gen_toks": lm.max_gen_toks},
+        "lm_eval_version": res.get("lm_eval_version"), "n-shot": res.get("n-shot"),
         "n-samples": res.get("n-samples"), "versions": res.get("versions"), "scores": scores_from_results(res),
         "lm_eval_results": str(lm_eval_path)})
     return lm_eval_path, path

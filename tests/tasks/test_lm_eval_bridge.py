@@ -276,6 +276,14 @@ def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tm
     assert lm_eval_file["config"]["hylo_model"]["kind"] == ("transformer" if ckpt == "llama" else "hybrid")
     ours = json.loads(Path(summary["results_path"]).read_text())
     assert ours["kind"] == "lm-eval-summary" and ours["scores"] == summary["scores"]
+    prov = ours["provenance"]
+    from hylo_bench.tasks.ruler.cache import tokenizer_hash
+    from transformers import AutoTokenizer
+
+    assert prov["tokenizer_hash"] == tokenizer_hash(AutoTokenizer.from_pretrained(ckpt_dir))
+    assert (prov["device"], prov["param_dtype"], prov["engine"]) == ("cpu", "torch.float32", "generate")
+    assert prov["torch_version"] == torch.__version__ and prov["lm_eval_version"] and prov["git_sha"]
+    assert ours["config"]["batch_size"] == ("auto" if ckpt == "llama" else "2") and ours["config"]["seed"] == 0
     metrics = store.metrics_frame(store.open_store(None, out, create=False))
     assert sorted(metrics["task"] + ":" + metrics["metric"]) == ["piqa:acc", "piqa:acc_norm", "winogrande:acc"]
     if ckpt == "hylo":
