@@ -14,6 +14,13 @@ strongly positional (it was trained for needle retrieval with 64-token windows i
 less of it than it did for an earlier build that had learned only the text (all-MLA 0.18 vs 3.0, 16x). ILD then
 restores it: the demo upcycle ends at 0.14 nats/token (27x below its init) and the student retrieves like the
 teacher (tests/test_demo_teacher.py and the README quick start).
+
+Where the init KL comes from (``benchmarks/init_kl_decomposition.py``, results/init_kl_decomposition.json, demo
+windows): the MLA init alone in layers 1 and 3 (the retrieval layers) costs 2.45, the GDN init alone in layers 0 and
+2 costs 1.01. In the teacher's own layer-1 / layer-3 attention, averaging only the rotated key dims over the 2 KV
+heads (what MLA's one shared ``k_pe`` imposes), with RoPE otherwise exact, already costs 0.76 / 0.85; so does RoPE
+on half the pairs left unrotated (0.81 / 0.53 for the even pairs). Any MLA with one rope key therefore stays far
+above 0.65 nats/token (10x below 6.53) on this teacher at init.
 """
 
 from __future__ import annotations
