@@ -347,6 +347,8 @@ def eval_(
     engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
                                "batched), native (serving engine, one prompt at a time) or auto (native for a HyLo "
                                "model on CUDA)."),
+    devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device cpu "
+                                "all on CPU): lm-eval shards the requests, rank 0 saves. torchrun works too."),
     as_json: bool = typer.Option(False, "--json", help='Print {"scores": {task: {metric: value}}} (0-100).'),
 ) -> None:
     """Score a model on lm-eval tasks (0-shot commonsense + GSM8K by default) with the `hylo` lm-eval model."""
@@ -357,10 +359,12 @@ def eval_(
         cfg = E.EvalConfig(model=model, tasks=names, output_dir=output_dir, num_fewshot=num_fewshot,
                            limit=None if limit is None else (int(limit) if limit >= 1 else limit),
                            batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
-                           data_dir=data_dir, device=device, dtype=dtype, engine=engine)
+                           data_dir=data_dir, device=device, dtype=dtype, engine=engine, devices=devices)
         result = E.run(cfg)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
+    if result is None:  # a torchrun rank other than 0: rank 0 prints and saves
+        return
     console.print(E.render_table(result))
     console.print(f"results: {result['results_path']} (lm-eval: {result['lm_eval_results_path']})")
     if as_json:

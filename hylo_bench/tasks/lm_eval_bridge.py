@@ -133,6 +133,23 @@ class HyLoLM(HFLM):
         self.engine = resolve_engine(self.model, engine)
         self._native: Any = None  # NativeDecoder, built on the first native generation
         logger.info("generate_until engine: %s", self.engine)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # data parallel: lm-eval shards the requests by rank and gathers the results on rank 0
+            self._rank, self._world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate ``tensor`` (a 0-d count or [n]) over the ranks along dim 0, on CPU through the process
+        group (gloo carries CPU tensors; lm-eval exchanges only request counts and batch sizes this way)."""
+        if self.world_size <= 1:
+            return tensor
+        t = tensor.detach().cpu().reshape(-1)
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, t)
+        return torch.cat(parts).to(tensor.device)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
 
     @property
     def max_gen_toks(self) -> int:
@@ -233,6 +250,9 @@ class EvalConfig:
         log_samples: also write lm-eval's per-sample JSONL files.
         write_store: add the lm-eval results file to the results store.
         engine: ``generate_until`` engine of ``HyLoLM`` (``auto`` | ``generate`` | ``native``).
+        devices: worker processes (one per GPU, ``cuda:0..N-1``; all on CPU with ``device="cpu"``); lm-eval shards
+            the requests over them and rank 0 gathers and saves. Under ``torchrun`` the launched processes are the
+            workers.
     """
 
     model: str
@@ -250,12 +270,15 @@ class EvalConfig:
     log_samples: bool = True
     write_store: bool = True
     engine: str = "auto"
+    devices: int = 1
 
     def __post_init__(self) -> None:
         from hylo_bench.tasks.ruler.decoding import ENGINES
 
         if self.engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {self.engine!r}")
+        if self.devices < 1:
+            raise ValueError(f"devices: expected >= 1 worker processes, got {self.devices}")
         if not self.tasks:
             raise ValueError(f"tasks: expected at least one lm-eval task name, e.g. {','.join(PAPER_TASKS)}")
         if len(set(self.tasks)) != len(self.tasks):
@@ -450,27 +473,88 @@ def _record_in_store(lm_eval_path: Path, cfg: EvalConfig) -> None:
     store.record(lm_eval_path, results_dir=cfg.output_dir)
 
 
-def run(cfg: EvalConfig) -> dict:
+def run(cfg: EvalConfig) -> dict | None:
     """Load ``cfg.model`` as ``HyLoLM``, evaluate ``cfg.tasks``, save every result file.
+
+    With ``cfg.devices`` > 1, or under ``torchrun``, each worker process loads the model on its own device and
+    evaluates its share of the requests (lm-eval's data parallelism); rank 0 gathers, scores and saves. Scores
+    equal a one-process run's (tested on CPU).
 
     Returns:
         ``{"model": name, "scores": {task: {metric: value 0-100}}, "n_samples": {task: n}, "num_fewshot": {task: k},
-        "results_path": our summary JSON, "lm_eval_results_path": lm-eval's results JSON}``.
+        "results_path": our summary JSON, "lm_eval_results_path": lm-eval's results JSON}``; None on torchrun
+        ranks other than 0.
 
     Raises:
         FileNotFoundError: unresolvable model, or a local data file missing (the path is named).
-        ValueError: bad configuration values.
+        ValueError: bad configuration values, ``devices`` disagreeing with torchrun's ``WORLD_SIZE``, or fewer
+            GPUs than workers.
+        torch.multiprocessing.ProcessRaisedException: a spawned worker failed (its traceback is in the message).
     """
-    lm = HyLoLM(pretrained=cfg.model, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
+    from hylo_bench.tasks.ruler.parallel import _free_port, launched_world_size, worker_device
+
+    world = launched_world_size()
+    if world > 1:
+        if cfg.devices not in (1, world):
+            raise ValueError(f"--devices {cfg.devices} under torchrun with WORLD_SIZE={world}: drop --devices (the "
+                             f"torchrun processes are the workers) or make them equal")
+        import os
+
+        return _run_rank(cfg, int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), "env://")
+    if cfg.devices == 1:
+        return _evaluate_and_save(cfg, cfg.device)
+    import torch.multiprocessing as mp
+
+    for rank in range(cfg.devices):
+        worker_device(cfg.device, rank)  # fail before spawning when GPUs are missing
+    with tempfile.TemporaryDirectory(prefix="hylo-eval-") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        mp.spawn(_eval_worker, args=(cfg, f"tcp://127.0.0.1:{_free_port()}", str(summary_path)),
+                 nprocs=cfg.devices, join=True)
+        return json.loads(summary_path.read_text())
+
+
+def _eval_worker(rank: int, cfg: EvalConfig, init_method: str, summary_path: str) -> None:
+    summary = _run_rank(cfg, rank, cfg.devices, rank, init_method)
+    if rank == 0:
+        atomic_write_json(summary_path, summary)
+
+
+def _run_rank(cfg: EvalConfig, rank: int, world_size: int, local_rank: int, init_method: str) -> dict | None:
+    """One worker: join a gloo group, evaluate on ``cuda:<local_rank>`` (or CPU); rank 0's summary, else None."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hylo_bench.tasks.ruler.parallel import BARRIER_TIMEOUT_S, worker_device
+
+    device = worker_device(cfg.device, local_rank)
+    if device == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    else:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=BARRIER_TIMEOUT_S))
+    try:
+        return _evaluate_and_save(cfg, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:
+    lm = HyLoLM(pretrained=cfg.model, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size,
                 max_batch_size=cfg.max_batch_size, max_length=cfg.max_length, engine=cfg.engine)
     res = evaluate_lm(lm, cfg)
+    if res is None:  # lm-eval returns the results on rank 0 only
+        return None
     lm_eval_path, path = _save(res, lm, cfg)
     if cfg.write_store:
         _record_in_store(lm_eval_path, cfg)
     return {"model": lm.model_info["name"], "scores": scores_from_results(res),
             "n_samples": {t: v.get("effective") for t, v in res.get("n-samples", {}).items()},
             "num_fewshot": dict(res.get("n-shot", {})), "results_path": str(path),
-            "lm_eval_results_path": str(lm_eval_path)}
+            "lm_eval_results_path": str(lm_eval_path), "world_size": lm.world_size}
 
 
 def render_table(summary: dict) -> Any:

@@ -296,3 +296,35 @@ def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tm
 
 def test_fixtures_cover_every_paper_task():
     assert set(FIXTURES) == set(B.PAPER_TASKS)
+
+
+def test_two_worker_processes_give_the_one_process_scores(tiny_hylo_dir, fixture_dir, tmp_path):
+    """--devices 2 on CPU (gloo): lm-eval shards the requests over two spawned workers, rank 0 gathers; the scores,
+    per-sample log-likelihoods and generations equal a one-process run's (batch 1: a left-padded batch of a random
+    model can flip a near-tie argmax somewhere in 256 generated tokens)."""
+    tasks = ["piqa", "winogrande", "gsm8k"]
+    runs = {}
+    for n in (1, 2):
+        cfg = B.EvalConfig(model=str(tiny_hylo_dir), tasks=tasks, output_dir=tmp_path / f"w{n}", data_dir=fixture_dir,
+                           limit=4, batch_size=1, device="cpu", devices=n, write_store=False)
+        runs[n] = B.run(cfg)
+    assert runs[2]["world_size"] == 2 and runs[1]["world_size"] == 1
+    assert runs[2]["scores"] == runs[1]["scores"] and runs[2]["n_samples"] == {t: 4 for t in tasks}
+
+    def per_sample(run):
+        out = {}
+        for f in Path(run["lm_eval_results_path"]).parent.glob("samples_*.jsonl"):
+            for line in filter(None, f.read_text().split("\n")):  # not splitlines: U+2028 may occur raw
+                row = json.loads(line)
+                out[(f.name.split("_")[1], row["doc_id"])] = row["resps"]
+        return out
+
+    one, two = per_sample(runs[1]), per_sample(runs[2])
+    assert len(one) == 12 and one.keys() == two.keys()
+    for key in one:
+        if key[0] == "gsm8k":  # greedy generations: the same text
+            assert two[key] == one[key], key
+        else:  # [[["<loglikelihood>", "<is_greedy>"]], ...] per choice (lm-eval writes them as strings)
+            lls = [[float(r[0][0]) for r in run[key]] for run in (one, two)]
+            assert lls[1] == pytest.approx(lls[0], rel=1e-5) and min(lls[0]) < -5.0, key
+            assert [r[0][1] for r in two[key]] == [r[0][1] for r in one[key]], key
