@@ -9,7 +9,7 @@ script splits the init KL of the demo layout (MLA at 1, 3; GDN at 0, 2) by layer
    only on some rotate-half frequency pairs (the others unrotated, as MLA's nope dims are), and/or the rotated
    key dims averaged over the KV heads (MLA's one shared rope key, ``k_pe``).
 
-Records: ``{"kind": "swap"|"ablate"|"reference", "name", "layers", "kl_demo_windows", "kl_text"}``, KL in
+Records: ``{"kind": "swap"|"ablate"|"reference", "name", "layers" ("1,3"), "kl_demo_windows", "kl_text"}``, KL in
 nats/token (``hylo_bench.upcycle.train.losses.eval_kl``) on held-out demo windows (seed 123457, as
 ``tests/upcycle/test_demo_init.py``) and on the last 5 % of the shipped text. Writes
 ``benchmarks/results/init_kl_decomposition.json``. Usage: ``python benchmarks/init_kl_decomposition.py``.
@@ -100,7 +100,7 @@ def main() -> None:
     out = Path(__file__).parent / "results" / "init_kl_decomposition.json"
 
     def record(kind: str, name: str, layers: list[int], model: torch.nn.Module) -> None:
-        rec = {"kind": kind, "name": name, "layers": layers,
+        rec = {"kind": kind, "name": name, "layers": ",".join(map(str, layers)),
                **{key: round(eval_kl(model, teacher, w), 4) for key, w in data.items()}}
         doc["records"].append(rec)
         write_result(out, doc)

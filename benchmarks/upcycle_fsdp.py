@@ -136,8 +136,9 @@ def child_main(args) -> None:
         record.update(status="ok", peak_memory_gib=peak, tokens_per_s=tps,
                       mfu=fpt * tps / (ctx.world_size * H200_BF16_PEAK_FLOPS),
                       mfu_params_only=fpt_params * tps / (ctx.world_size * H200_BF16_PEAK_FLOPS),
-                      step_time_s=[round(args.seq_len * ctx.world_size / r["tokens_per_s"], 3) for r in res.losses],
-                      losses=[r["loss"] for r in res.losses], student_params=n_student,
+                      step_time_s_first=round(args.seq_len * ctx.world_size / res.losses[0]["tokens_per_s"], 3),
+                      step_time_s_last=round(args.seq_len * ctx.world_size / res.losses[-1]["tokens_per_s"], 3),
+                      loss_first=res.losses[0]["loss"], loss_last=res.losses[-1]["loss"], student_params=n_student,
                       flops_per_token=fpt)
     except torch.OutOfMemoryError as e:  # this rank stops; torchrun then stops the others
         peak = torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None
@@ -216,7 +217,8 @@ def driver_main(args) -> None:
                method="FSDP2 fully_shard (per decoder layer + root) for student and teacher, bf16 compute over fp32 "
                       "master weights (student), activation checkpointing per layer, chunked hidden-state KL, "
                       "one sequence per GPU per step",
-               peak_flops_per_gpu=H200_BF16_PEAK_FLOPS, tiny=args.tiny, records=records)
+               peak_flops_per_gpu=H200_BF16_PEAK_FLOPS, tiny=args.tiny,
+               records=[{k: v for k, v in r.items() if v is not None} for r in records])  # absent = not measured
     out = args.out_json if not args.tiny or args.out_json != DEFAULT_OUT else Path(tempfile.gettempdir()) / \
         "upcycle_fsdp_tiny.json"
     write_result(out, env)
