@@ -4,7 +4,8 @@
 (run with the Python of an environment that has vLLM; vLLM loads the plugin through its entry point).
 
 Output keys: ``tokens`` (list of generated id lists, one per prompt), ``logprobs`` (per prompt, per step a
-``{token_id: logprob}`` of the top ``--logprobs`` tokens; empty lists without it), ``num_blocks``, ``block_size``,
+``{token_id: logprob}`` of the top ``--logprobs`` tokens; empty lists without it), ``tokens_alone`` /
+``logprobs_alone`` (the same, each prompt run by itself afterwards; empty without ``--also-alone``), ``num_blocks``, ``block_size``,
 ``kv_cache_size_tokens``, ``use_mla``, ``is_hybrid``, ``max_model_len``, ``startup_s``, ``generate_s``,
 ``vllm_version``.
 """
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=4, help="requests batched together")
     ap.add_argument("--executor", default=None, help="distributed_executor_backend (e.g. uni: worker in-process)")
     ap.add_argument("--logprobs", type=int, default=0, help="also return the top-K logprobs of every step")
+    ap.add_argument("--stagger", action="store_true",
+                    help="submit the first prompt alone and the others once it has a token, so that its decode shares "
+                         "steps with their prefills (mixed decode + prefill batches)")
+    ap.add_argument("--also-alone", action="store_true",
+                    help="then run every prompt alone on the same engine (keys tokens_alone, logprobs_alone)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -44,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [{"prompt_token_ids": list(p)} for p in json.loads(args.prompts)]
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
                         logprobs=args.logprobs or None)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    outs = _generate_staggered(llm, prompts, sp) if args.stagger else llm.generate(prompts, sp, use_tqdm=False)
     t2 = time.perf_counter()
+    alone = [llm.generate([p], sp, use_tqdm=False)[0] for p in prompts] if args.also_alone else []
     vc = llm.llm_engine.vllm_config
     cc, mc = vc.cache_config, vc.model_config
     result = {
-        "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "logprobs": [[{str(t): float(lp.logprob) for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])]
-                     for o in outs],
+        "tokens": [list(o.outputs[0].token_ids) for o in outs], "logprobs": _logprobs(outs),
+        "tokens_alone": [list(o.outputs[0].token_ids) for o in alone], "logprobs_alone": _logprobs(alone),
         "num_blocks": cc.num_gpu_blocks, "block_size": cc.block_size,
         "mamba_block_size": getattr(cc, "mamba_block_size", None),
         "mamba_page_size_padded": getattr(cc, "mamba_page_size_padded", None),
@@ -62,6 +68,47 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("HYLO_VLLM_RESULT " + json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _logprobs(outs: list) -> list[list[dict[str, float]]]:
+    return [[{str(t): float(lp.logprob) for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])]
+            for o in outs]
+
+
+def _generate_staggered(llm, prompts: list[dict], sp) -> list:
+    """Greedy outputs in prompt order; prompt 0 is submitted first and the rest after its first token.
+
+    Requests are named "0", "1", ... (vLLM may add a suffix internally; outputs carry either name).
+
+    Raises:
+        RuntimeError: if the engine stops stepping before every request finished.
+    """
+    eng = llm.llm_engine
+    names: dict[str, str] = {}  # any id vLLM may report -> our name
+
+    def add(i: int, prompt: dict) -> None:
+        names[str(i)] = str(i)
+        names[str(eng.add_request(str(i), prompt, sp))] = str(i)
+
+    done: dict[str, object] = {}
+
+    def step() -> list:
+        outs = eng.step()
+        done.update({names.get(o.request_id, o.request_id): o for o in outs if o.finished})
+        return outs
+
+    add(0, prompts[0])
+    while eng.has_unfinished_requests():  # until prompt 0 has its first token (its prefill ran)
+        if any(names.get(o.request_id) == "0" and o.outputs and o.outputs[0].token_ids for o in step()):
+            break
+    for i, p in enumerate(prompts[1:], start=1):
+        add(i, p)
+    while eng.has_unfinished_requests():
+        step()
+    missing = [str(i) for i in range(len(prompts)) if str(i) not in done]
+    if missing:
+        raise RuntimeError(f"vLLM finished without outputs for requests {missing} (got {sorted(done)})")
+    return [done[str(i)] for i in range(len(prompts))]
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaMLP
 from vllm.sequence import IntermediateTensors
 
+from hylo_bench.serving.vllm_plugin import fix_cpu_kv_block_zeroing
+
 _NON_MIXER = {"mlp", "input_layernorm", "post_attention_layernorm"}
 _GDN_STACKED = {"q_proj": ("in_proj_qkvz", 0), "k_proj": ("in_proj_qkvz", 1), "v_proj": ("in_proj_qkvz", 2),
                 "g_proj": ("in_proj_qkvz", 3), "b_proj": ("in_proj_ba", 0), "a_proj": ("in_proj_ba", 1)}
@@ -229,6 +231,9 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        # Built in the worker process, where the model runner lives: fix vLLM-CPU's zeroing of new KV blocks
+        # for split (128 -> 16 token) MLA blocks before the first step (see fix_cpu_kv_block_zeroing).
+        fix_cpu_kv_block_zeroing()
         config = vllm_config.model_config.hf_config
         self.config = config
         self.model = HyLoModel(vllm_config=vllm_config, prefix=f"{prefix}.model" if prefix else "model")
