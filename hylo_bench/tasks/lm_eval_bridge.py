@@ -19,6 +19,7 @@ Mamba-2 states (tested: batched == unbatched).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -33,6 +34,7 @@ from lm_eval.models.huggingface import HFLM
 
 import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.tasks.workers import launched_world_size, run_workers
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +89,8 @@ class HyLoLM(HFLM):
         max_gen_toks: generation budget in tokens when a task does not set one (HFLM default 256).
         add_bos_token: prepend BOS (None = the tokenizer's default: Llama-3 adds it, Qwen3 has none).
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
-            (the serving engine, one prompt at a time: prefill in chunks, CUDA-graph decode; about 15x faster per
-            token than ``generate`` for a HyLo model on an H200) or ``auto`` (native for a HyLo model on CUDA,
+            (the serving engine, one prompt at a time: prefill in chunks, CUDA-graph decode; much faster per token
+            than ``generate`` for a HyLo model on CUDA) or ``auto`` (native for a HyLo model on CUDA,
             generate otherwise; :func:`hylo_bench.tasks.ruler.decoding.resolve_engine`). Sampling requests always
             use ``generate``.
         **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
@@ -491,55 +493,13 @@ def run(cfg: EvalConfig) -> dict | None:
             GPUs than workers.
         torch.multiprocessing.ProcessRaisedException: a spawned worker failed (its traceback is in the message).
     """
-    from hylo_bench.tasks.ruler.parallel import _free_port, launched_world_size, worker_device
-
-    world = launched_world_size()
-    if world > 1:
-        if cfg.devices not in (1, world):
-            raise ValueError(f"--devices {cfg.devices} under torchrun with WORLD_SIZE={world}: drop --devices (the "
-                             f"torchrun processes are the workers) or make them equal")
-        import os
-
-        return _run_rank(cfg, int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), "env://")
-    if cfg.devices == 1:
+    if cfg.devices == 1 and launched_world_size() == 1:
         return _evaluate_and_save(cfg, cfg.device)
-    import torch.multiprocessing as mp
-
-    for rank in range(cfg.devices):
-        worker_device(cfg.device, rank)  # fail before spawning when GPUs are missing
-    with tempfile.TemporaryDirectory(prefix="hylo-eval-") as tmp:
-        summary_path = Path(tmp) / "summary.json"
-        mp.spawn(_eval_worker, args=(cfg, f"tcp://127.0.0.1:{_free_port()}", str(summary_path)),
-                 nprocs=cfg.devices, join=True)
-        return json.loads(summary_path.read_text())
+    return run_workers(functools.partial(_evaluate_and_save_worker, cfg), cfg.devices, cfg.device)
 
 
-def _eval_worker(rank: int, cfg: EvalConfig, init_method: str, summary_path: str) -> None:
-    summary = _run_rank(cfg, rank, cfg.devices, rank, init_method)
-    if rank == 0:
-        atomic_write_json(summary_path, summary)
-
-
-def _run_rank(cfg: EvalConfig, rank: int, world_size: int, local_rank: int, init_method: str) -> dict | None:
-    """One worker: join a gloo group, evaluate on ``cuda:<local_rank>`` (or CPU); rank 0's summary, else None."""
-    import os
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from hylo_bench.tasks.ruler.parallel import BARRIER_TIMEOUT_S, worker_device
-
-    device = worker_device(cfg.device, local_rank)
-    if device == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    else:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=BARRIER_TIMEOUT_S))
-    try:
-        return _evaluate_and_save(cfg, device)
-    finally:
-        dist.destroy_process_group()
+def _evaluate_and_save_worker(cfg: EvalConfig, device: str, rank: int, world_size: int) -> dict | None:
+    return _evaluate_and_save(cfg, device)  # HyLoLM reads rank and world size from the process group
 
 
 def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:

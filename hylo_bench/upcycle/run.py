@@ -80,10 +80,6 @@ class UpcycleConfig:
     # None: "kd", except "off" for --data demo, whose text documents are paragraphs of one book (splitting them
     # would shorten every training context; the demo's settings were tuned on plain windows).
     doc_boundaries: str | None = None
-
-    def doc_boundaries_mode(self) -> str:
-        """The packing mode this run uses (``doc_boundaries`` with its data-dependent default resolved)."""
-        return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
     save_every: int = 50
     device: str | None = None
     seed: int = 42
@@ -95,6 +91,10 @@ class UpcycleConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def doc_boundaries_mode(self) -> str:
+        """The packing mode this run uses (``doc_boundaries`` with its data-dependent default resolved)."""
+        return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
 
 
 def _now() -> str:

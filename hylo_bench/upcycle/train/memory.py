@@ -70,20 +70,6 @@ class TransformerDims:
         return self.layers * self.layer_params() + self.hidden + self.vocab * self.hidden * (1 if self.tied else 2)
 
 
-def _student_counts(cfg: Any) -> tuple[int, int]:
-    """(total parameters, largest decoder layer's parameters) of ``HyLoForCausalLM(cfg)``, from a meta-device
-    build (no memory, no init compute)."""
-    import torch
-
-    from hylo_bench.models.hybrid import HyLoForCausalLM
-
-    with torch.device("meta"):
-        model = HyLoForCausalLM(cfg)
-    total = sum(p.numel() for p in model.parameters())
-    largest = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
-    return total, largest
-
-
 def kd_memory_budget(student_cfg: Any, teacher: TransformerDims, seq_len: int, n_gpus: int = 1,
                      kl_chunk_size: int = 2048) -> dict[str, Any]:
     """Estimated peak memory per GPU of one distillation step, by component (see the module docstring).
@@ -104,7 +90,10 @@ def kd_memory_budget(student_cfg: Any, teacher: TransformerDims, seq_len: int, n
     """
     if seq_len < 1 or n_gpus < 1 or kl_chunk_size < 1:
         raise ValueError(f"seq_len, n_gpus and kl_chunk_size must be >= 1; got {seq_len}, {n_gpus}, {kl_chunk_size}")
-    n_s, layer_s = _student_counts(student_cfg)
+    from hylo_bench.info import parameter_counts
+
+    counts = parameter_counts(student_cfg, meta_model=True)  # the built module, whatever the config omits
+    n_s, layer_s = counts["total"], max(layer["params"] for layer in counts["per_layer"])
     n_t = teacher.params()
     T, D, I, V = seq_len, student_cfg.hidden_size, student_cfg.intermediate_size, student_cfg.vocab_size
     C = min(kl_chunk_size, T)
