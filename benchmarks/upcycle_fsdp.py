@@ -99,6 +99,37 @@ def flops_per_token(student, teacher, seq_len: int) -> tuple[float, float]:
     return params_only + attn, params_only
 
 
+PROFILE_GROUPS = (("prof_attention_s", ("flash", "fmha", "attention")),
+                  ("prof_gdn_s", ("chunk_", "gated_delta", "tilelang", "recompute_w_u", "wy_", "solve_tril",
+                                  "l2norm", "kernel_kernel")),
+                  ("prof_matmul_s", ("gemm", "sm90", "xmma", "cutlass", "gemv", "splitk")),
+                  ("prof_nccl_s", ("nccl",)),
+                  ("prof_optimizer_s", ("multi_tensor", "adam", "foreach")))
+
+
+def profile_breakdown(prof, device_type: str) -> dict:
+    """Device seconds of the profiled optimizer step by kernel group (first matching group; rest in
+    ``prof_other_s``) and the summed kernel time ``prof_kernel_s``."""
+    out = {k: 0.0 for k, _ in PROFILE_GROUPS} | {"prof_other_s": 0.0, "prof_kernel_s": 0.0}
+    if device_type != "cuda":
+        return out
+    for e in prof.events():
+        if e.device_type != torch_device_type_cuda():
+            continue
+        t = e.time_range.elapsed_us() / 1e6
+        name = e.name.lower()
+        key = next((k for k, keys in PROFILE_GROUPS if any(s in name for s in keys)), "prof_other_s")
+        out[key] += t
+        out["prof_kernel_s"] += t
+    return out
+
+
+def torch_device_type_cuda():
+    import torch
+
+    return torch.autograd.DeviceType.CUDA
+
+
 def child_main(args) -> None:
     """Run one point as one rank of a torchrun job; rank 0 writes the point's record to ``args.record``."""
     import torch
@@ -111,33 +142,55 @@ def child_main(args) -> None:
     if ctx is None:
         raise SystemExit("--child runs under torchrun only")
     record = {"seq_len": args.seq_len, "n_gpus": ctx.world_size, "backend": ctx.backend, "steps": args.steps,
-              "activation_checkpointing": True, "kl_chunk_size": args.kl_chunk_size}
+              "activation_checkpointing": not args.no_activation_checkpointing, "kl_chunk_size": args.kl_chunk_size,
+              "grad_accum": args.grad_accum}
     dev = torch.device(ctx.device)
+    if dev.type == "cuda":
+        from hylo_bench.kernels.gated_delta import select_gdn_backend
+
+        record["gdn_backend"], record["gdn_backend_reason"] = select_gdn_backend(dev, True, dtype=torch.bfloat16)
+        print(f"GDN backend: {record['gdn_backend']} ({record['gdn_backend_reason']})", flush=True)
+    prof = None
+    if args.profile_table and ctx.is_main and args.steps >= 2:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []),
+                       schedule=schedule(wait=1, warmup=0, active=1, repeat=1))
     try:
         student, teacher = build_models(args.tiny, ctx.device)
         fpt, fpt_params = flops_per_token(student, teacher, args.seq_len)
         n_student = sum(p.numel() for p in student.parameters())
-        student.model.gradient_checkpointing = True
+        student.model.gradient_checkpointing = not args.no_activation_checkpointing
         dist_utils.shard_model(student, ctx, mixed_precision=dev.type == "cuda")
         dist_utils.shard_model(teacher, ctx, mixed_precision=False)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         vocab = teacher.config.vocab_size
         gen = torch.Generator().manual_seed(1)
-        windows = torch.randint(2, vocab, (args.steps * ctx.world_size, args.seq_len), generator=gen)
+        per_step = ctx.world_size * args.grad_accum
+        windows = torch.randint(2, vocab, (args.steps * per_step, args.seq_len), generator=gen)
         stage = Stage(kind="kd", seq_len_tokens=args.seq_len, token_budget=windows.numel())
-        opts = StageOptions(lr=1e-5, batch_size=1, grad_accum=ctx.world_size, kl_chunk_size=args.kl_chunk_size,
+        opts = StageOptions(lr=1e-5, batch_size=1, grad_accum=per_step, kl_chunk_size=args.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if dev.type == "cuda" else None, save_every=10 ** 9)
+        if prof is not None:
+            prof.start()
         with tempfile.TemporaryDirectory() as tmp:
-            res = train_stage(student, teacher, stage, windows, opts, Path(tmp) / "resume_dcp", dist_ctx=ctx)
+            res = train_stage(student, teacher, stage, windows, opts, Path(tmp) / "resume_dcp", dist_ctx=ctx,
+                              on_log=(lambda _r: prof.step()) if prof is not None else None)
+        if prof is not None:
+            prof.stop()
+            record.update(profile_breakdown(prof, dev.type))
+            args.profile_table.write_text(prof.key_averages().table(
+                sort_by="self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total", row_limit=45,
+                max_name_column_width=90))
         tps = [r["tokens_per_s"] for r in res.losses]
         tps = statistics.median(tps[1:] if len(tps) > 1 else tps)  # the first step carries compile / autotune
         peak = res.peak_memory_gib
         record.update(status="ok", peak_memory_gib=peak, tokens_per_s=tps,
                       mfu=fpt * tps / (ctx.world_size * H200_BF16_PEAK_FLOPS),
                       mfu_params_only=fpt_params * tps / (ctx.world_size * H200_BF16_PEAK_FLOPS),
-                      step_time_s_first=round(args.seq_len * ctx.world_size / res.losses[0]["tokens_per_s"], 3),
-                      step_time_s_last=round(args.seq_len * ctx.world_size / res.losses[-1]["tokens_per_s"], 3),
+                      step_time_s_first=round(args.seq_len * per_step / res.losses[0]["tokens_per_s"], 3),
+                      step_time_s_last=round(args.seq_len * per_step / res.losses[-1]["tokens_per_s"], 3),
                       loss_first=res.losses[0]["loss"], loss_last=res.losses[-1]["loss"], student_params=n_student,
                       flops_per_token=fpt)
     except torch.OutOfMemoryError as e:  # this rank stops; torchrun then stops the others
@@ -160,8 +213,10 @@ def run_point(n_gpus: int, seq_len: int, args, timeout_s: float) -> dict:
         rec_path = Path(tmp) / "record.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n_gpus}",
                str(Path(__file__).resolve()), "--child", "--seq-len", str(seq_len), "--steps", str(args.steps),
-               "--kl-chunk-size", str(args.kl_chunk_size), "--record", str(rec_path)] + (["--tiny"] if args.tiny
-                                                                                          else [])
+               "--kl-chunk-size", str(args.kl_chunk_size), "--grad-accum", str(args.grad_accum),
+               "--record", str(rec_path)] + (["--tiny"] if args.tiny else []) + \
+            (["--no-activation-checkpointing"] if args.no_activation_checkpointing else []) + \
+            (["--profile-table", str(args.profile_table)] if args.profile_table else [])
         env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {"PYTHONUNBUFFERED": "1"}
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         t0 = time.time()
@@ -240,6 +295,11 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=2,
                     help="optimizer steps per point; the first (compile, autotune) is not timed")
     ap.add_argument("--kl-chunk-size", type=int, default=2048)
+    ap.add_argument("--grad-accum", type=int, default=1, help="sequences per GPU per optimizer step")
+    ap.add_argument("--no-activation-checkpointing", action="store_true",
+                    help="keep every activation (short contexts: no recomputation)")
+    ap.add_argument("--profile-table", type=Path, default=None,
+                    help="profile the second optimizer step (rank 0): kernel table to this file, groups in the record")
     ap.add_argument("--budget-s", type=float, default=560, help="stop starting points after this many seconds")
     ap.add_argument("--point-timeout-s", type=float, default=400, help="stop a point after this many seconds")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU with gloo (smoke test)")

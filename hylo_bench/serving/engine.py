@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from hylo_bench.serving.fused import merge_mlp, mlp_forward
 from hylo_bench.serving.linear_layer import LinearServing
 from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
 
@@ -278,6 +279,9 @@ class Engine(_EngineBase):
             per batch size compiles (tens of seconds to minutes).
         compile_mode: ``torch.compile`` mode; default "max-autotune-no-cudagraphs" on CUDA (the engine captures its
             own graph), "default" elsewhere. compile_backend: ``torch.compile`` backend (default "inductor").
+        merge_projections: per layer, read the projections that share an input with one GEMV (GDN q/k/v/a/b/g, MLA
+            first query projection + kv_a, MLP gate + up; :mod:`hylo_bench.serving.fused`). The model's weights are
+            rebound as row views of the merged buffers: same values, same memory.
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), or non-positive sizes.
@@ -286,7 +290,8 @@ class Engine(_EngineBase):
 
     def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
-                 compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor"):
+                 compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
+                 merge_projections: bool = True):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -299,13 +304,15 @@ class Engine(_EngineBase):
         self.mixers, self.slots = [], []
         for layer in self.layers:
             if layer.mixer_type == "mla":
-                srv = MLAServing(layer.mixer, decode_backend=mla_decode_backend)
+                srv = MLAServing(layer.mixer, decode_backend=mla_decode_backend, merge_projections=merge_projections)
                 slot = srv.new_slot(max_batch, max_context)
             else:
-                srv = LinearServing(layer.mixer, layer.mixer_type, gdn_decode_backend=gdn_decode_backend)
+                srv = LinearServing(layer.mixer, layer.mixer_type, gdn_decode_backend=gdn_decode_backend,
+                                    merge_projections=merge_projections)
                 slot = srv.new_state(max_batch)
             self.mixers.append(srv)
             self.slots.append(slot)
+        self.merged_mlps = [merge_mlp(layer.mlp) if merge_projections else None for layer in self.layers]
         self._graphs: dict[int, tuple] = {}
         self.graph_error: str | None = None
         self.compiled = compile
@@ -355,7 +362,7 @@ class Engine(_EngineBase):
             rows = self._rows(slot, h.shape[0])
             mixed = srv.prefill(x, rows) if pos is None else srv.decode(x, rows)
         h = h + mixed
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + mlp_forward(layer.mlp, self.merged_mlps[i], layer.post_attention_layernorm(h))
 
     def _prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         h = self.model.model.embed_tokens(ids)

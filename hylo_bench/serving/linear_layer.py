@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hylo_bench.models.cache import map_state
+from hylo_bench.serving.fused import merge_linears
 from hylo_bench.serving.ops import gdn_decode_step
 
 logger = logging.getLogger(__name__)
@@ -65,10 +66,16 @@ class LinearServing:
 
     Args:
         module: the mixer. kind: "gdn" or "mamba". gdn_decode_backend: "auto", "torch" or "fla".
+        merge_projections: GDN decode reads q/k/v/a/b/g projections with one GEMV
+            (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
     """
 
-    def __init__(self, module, kind: str, gdn_decode_backend: str = "auto"):
+    def __init__(self, module, kind: str, gdn_decode_backend: str = "auto", merge_projections: bool = False):
         self.m, self.kind = module, kind
+        self.merged = None
+        if kind == "gdn" and merge_projections:
+            m = module
+            self.merged = merge_linears([m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj, m.g_proj])
         w = next(module.parameters())
         self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend) if kind == "gdn" \
             else "torch"
@@ -97,21 +104,29 @@ class LinearServing:
         return out
 
     def _gdn_decode(self, x: torch.Tensor, state) -> torch.Tensor:
-        """The T == 1 path of ``GatedDeltaNet.forward`` with the recurrence on the selected back end."""
+        """The T == 1 path of ``GatedDeltaNet.forward`` with the recurrence on the selected back end.
+
+        The 4-tap depthwise conv is written as a multiply-sum in float32 (float64 for float64 models), rounded to
+        the model dtype before the SiLU as ``F.conv1d`` would, so ``torch.compile`` fuses it with its neighbours.
+        """
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim
-        acts = []
-        for proj, conv, cache in zip((m.q_proj, m.k_proj, m.v_proj), (m.q_conv1d, m.k_conv1d, m.v_conv1d),
-                                     state.conv):
-            xx_BCW = torch.cat([cache.to(x.dtype), proj(x).transpose(1, 2)], dim=-1)  # [B, C, W]
-            y_BC1 = F.conv1d(xx_BCW, conv.weight.to(x.dtype), groups=xx_BCW.shape[1])
-            cache.copy_(xx_BCW[..., 1:])
-            acts.append(F.silu(y_BC1).transpose(1, 2))  # [B, 1, C]
-        q, k, v = acts[0].view(B, 1, H, K), acts[1].view(B, 1, H, K), acts[2].view(B, 1, H, Vd)
+        if self.merged is not None:
+            q_in, k_in, v_in, a_in, b_in, gate = self.merged(x)
+        else:
+            q_in, k_in, v_in, a_in, b_in, gate = (p(x) for p in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj,
+                                                                  m.g_proj))
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        g = -m.A_log.to(dt).exp() * F.softplus(m.a_proj(x).to(dt) + m.dt_bias.to(dt))
-        beta = m.b_proj(x).to(dt).sigmoid()
+        acts = []
+        for inp, conv, cache in zip((q_in, k_in, v_in), (m.q_conv1d, m.k_conv1d, m.v_conv1d), state.conv):
+            xx_BCW = torch.cat([cache.to(x.dtype), inp.transpose(1, 2)], dim=-1)  # [B, C, W]
+            y_BC = (xx_BCW.to(dt) * conv.weight[:, 0].to(dt)).sum(-1).to(x.dtype)
+            cache.copy_(xx_BCW[..., 1:])
+            acts.append(F.silu(y_BC)[:, None])  # [B, 1, C]
+        q, k, v = acts[0].view(B, 1, H, K), acts[1].view(B, 1, H, K), acts[2].view(B, 1, H, Vd)
+        g = -m.A_log.to(dt).exp() * F.softplus(a_in.to(dt) + m.dt_bias.to(dt))
+        beta = b_in.to(dt).sigmoid()
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
-        o = m.o_norm(o.to(x.dtype), m.g_proj(x).view(B, 1, H, Vd))
+        o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd))
         return m.o_proj(o.reshape(B, 1, H * Vd))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from hylo_bench.kernels.mla_decode import select_mla_decode_backend
+from hylo_bench.serving.fused import merge_linears
 from hylo_bench.serving.ops import mla_decode_op
 
 logger = logging.getLogger(__name__)
@@ -80,10 +81,15 @@ class MLAServing:
     Args:
         mla: the MLA module (``hylo_bench.models.mla.MLA``).
         decode_backend: "auto", "torch" or "triton" (see :func:`hylo_bench.kernels.mla_decode.mla_decode`).
+        merge_projections: read the query's first projection (``q_proj`` or ``q_a_proj``) and
+            ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's
+            weights as views, values unchanged).
     """
 
-    def __init__(self, mla, decode_backend: str = "auto"):
+    def __init__(self, mla, decode_backend: str = "auto", merge_projections: bool = False):
         self.m = mla
+        first = mla.q_proj if hasattr(mla, "q_proj") else mla.q_a_proj
+        self.merged = merge_linears([first, mla.kv_a_proj_with_mqa]) if merge_projections else None
         w = mla.kv_b_proj.weight
         self.G, self.H, self.N, self.P, self.V, self.R = (mla.num_kv_heads, mla.num_heads, mla.nope_dim,
                                                           mla.rope_dim, mla.v_dim, mla.kv_rank)
@@ -114,16 +120,31 @@ class MLAServing:
         f = positions.to(torch.float32)[..., None] * self.inv_freq
         return f.cos() * self.mscale, f.sin() * self.mscale
 
-    def _queries(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, D] -> (q_nope [B, H, T, N], rotated q_pe [B, H, T, P]) with the q norm applied."""
-        q = self.m._queries(x)
+    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """x [B, T, D] -> (first query projection [B, T, H*(N+P)] or [B, T, q_lora_rank], or None when the
+        projections are not merged; kv_a output [B, T, R + P])."""
+        if self.merged is not None:
+            return self.merged(x)
+        return None, self.m.kv_a_proj_with_mqa(x)
+
+    def _queries(self, x: torch.Tensor, cos, sin, first: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] -> (q_nope [B, H, T, N], rotated q_pe [B, H, T, P]) with the q norm applied. ``first``: the
+        query's first projection of x when already computed (merged GEMV)."""
+        m = self.m
+        if first is None:
+            q = m._queries(x)
+        else:
+            if not hasattr(m, "q_proj"):
+                first = m.q_b_proj(m.q_a_layernorm(first) if hasattr(m, "q_a_layernorm") else first)
+            q = first.unflatten(-1, (m.num_heads, m.qk_dim)).transpose(1, 2)
         if self.qk_norm:
             q = self.m.q_norm(q)
         return q[..., : self.N], rope_interleaved(q[..., self.N:], cos[:, None], sin[:, None])
 
-    def _new_rows(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Cache rows [B, T, R + P] and key scales [B, T, G] (or None) of the new tokens."""
-        lat = self.m.kv_a_proj_with_mqa(x)
+    def _new_rows(self, lat: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """kv_a output ``lat`` [B, T, R + P] of the new tokens -> their cache rows [B, T, R + P] and key scales
+        [B, T, G] (or None)."""
         c, k_pe = lat[..., : self.R], lat[..., self.R:]
         if hasattr(self.m, "kv_a_layernorm"):
             c = self.m.kv_a_layernorm(c)
@@ -131,7 +152,7 @@ class MLAServing:
         if self.qk_norm:
             k_nope = F.linear(c, self.m.kv_b_proj.weight).unflatten(-1, (self.G, self.N + self.V))[..., : self.N]
             raw = torch.cat([k_nope, k_pe[..., None, :].expand(*k_nope.shape[:-1], self.P)], dim=-1)
-            ks = _rms_inv(raw, self.m.k_norm.variance_epsilon).to(x.dtype)  # [B, T, G]
+            ks = _rms_inv(raw, self.m.k_norm.variance_epsilon).to(lat.dtype)  # [B, T, G]
             k_pe = k_pe * self.k_pe_weight.to(k_pe.dtype)
         kr = rope_interleaved(k_pe, cos, sin)
         return torch.cat([c, kr], dim=-1), ks
@@ -153,8 +174,9 @@ class MLAServing:
         S = start + T
         pos = torch.arange(start, S, device=x.device).expand(B, T)
         cos, sin = self._cos_sin(pos)
-        q_nope, q_pe = self._queries(x, cos, sin)
-        rows, ks = self._new_rows(x, cos, sin)
+        first, lat = self._projections(x)
+        q_nope, q_pe = self._queries(x, cos, sin, first)
+        rows, ks = self._new_rows(lat, cos, sin)
         slot.latent[:B, start:S] = rows
         if ks is not None:
             slot.key_scale[:B, start:S] = ks
@@ -188,8 +210,9 @@ class MLAServing:
         """
         B = x.shape[0]
         cos, sin = self._cos_sin(positions[:, None])
-        q_nope, q_pe = self._queries(x, cos, sin)  # [B, H, 1, N], [B, H, 1, P]
-        rows, ks = self._new_rows(x, cos, sin)  # [B, 1, R + P], [B, 1, G]
+        first, lat = self._projections(x)
+        q_nope, q_pe = self._queries(x, cos, sin, first)  # [B, H, 1, N], [B, H, 1, P]
+        rows, ks = self._new_rows(lat, cos, sin)  # [B, 1, R + P], [B, 1, G]
         b_idx = torch.arange(B, device=x.device)
         slot.latent[b_idx, positions] = rows[:, 0]
         if ks is not None:

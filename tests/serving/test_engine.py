@@ -233,3 +233,43 @@ def test_gpu_engine_graphs_and_kernels_match_the_torch_paths(kind):
         e.last_logits = logits
     rel = ((eager.last_logits - ref.last_logits).norm() / ref.last_logits.norm()).item()
     assert rel < 2e-2, rel
+
+
+@pytest.mark.parametrize("kind,q_lora_rank", [("gdn", 48), ("gdn-qknorm", None), ("mamba", 48)])
+def test_merged_projections_keep_weights_and_logits(kind, q_lora_rank, rope_float64, tmp_path):
+    """Merging the decode projections (GDN q/k/v/a/b/g, MLA q + kv_a, MLP gate + up) rebinds the weights as views of
+    one buffer per layer: state dict unchanged, save/load still bit-exact, and prefill and every decode step give
+    the unmerged engine's logits (float64)."""
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config(q_lora_rank=q_lora_rank, **LAYOUTS[kind])).eval().double()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(3, 97, (2, 11))
+
+    def run(engine):
+        logits = []
+        engine._logits_to_token = lambda h: logits.append(engine._lm_logits(h)[:, -1]) or logits[-1].argmax(-1)
+        tokens, _ = engine.generate(ids, max_new_tokens=5)
+        return tokens, torch.stack(logits)
+
+    tok_want, want = run(Engine(model, max_batch=2, max_context=16, prefill_chunk=4, merge_projections=False))
+    engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4)
+    layers = model.model.layers
+    mla = layers[1].mixer
+    first = mla.q_proj if q_lora_rank is None else mla.q_a_proj
+    assert first.weight.data_ptr() == engine.mixers[1].merged.weight.data_ptr()
+    assert mla.kv_a_proj_with_mqa.weight.data_ptr() == first.weight.data_ptr() + first.weight.numel() * 8
+    assert engine.merged_mlps[0].splits == (128, 128)
+    if kind.startswith("gdn"):
+        g = layers[0].mixer
+        assert engine.mixers[0].merged.splits == (32, 32, 64, 2, 2, 64)
+        assert g.g_proj.weight.data_ptr() == g.q_proj.weight.data_ptr() + (32 + 32 + 64 + 2 + 2) * 64 * 8
+    else:
+        assert engine.mixers[0].merged is None
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    tok_got, got = run(engine)
+    assert torch.equal(tok_got, tok_want)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max().item())
+    model.save_pretrained(tmp_path)
+    loaded = HyLoForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert all(torch.equal(v, before[k]) for k, v in loaded.state_dict().items())

@@ -1,0 +1,218 @@
+"""Where a batch-1 decode step's time goes: the Qwen3-1.7B-shaped 7MLA21GDN hybrid (random weights) on one GPU.
+
+For each engine variant (CUDA graph of the ``torch.compile``'d step, with and without merged projections,
+``hylo_bench.serving.fused``) at each context: time per output token, the memory-bandwidth bound (bytes of weights
++ latent cache + states per token over the measured copy bandwidth) and its fraction, and a kernel breakdown from
+``torch.profiler`` over graph replays (matmuls, MLA decode, GDN step, fused element-wise, other; kernels per step;
+the part of the step no kernel covers). Also: every distinct decode GEMV shape alone, as achieved bandwidth.
+
+Records go to ``benchmarks/results/decode_profile.json`` (one per variant and context, one per GEMV shape);
+``--table`` writes the top kernels of each profile as text.
+
+Usage (one H200, about 5 minutes; compile + autotune dominate)::
+
+    source .gpu-bundle/install.sh && python3 benchmarks/decode_profile.py --out $OUT/decode_profile.json
+    python3 benchmarks/decode_profile.py --smoke --out /tmp/p.json   # CPU check of the script's logic
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import result_envelope, write_result
+from serving_sweep import build, copy_bandwidth, decode_bytes_per_token, free
+
+CATEGORIES = (("mla_decode", ("_mla_decode",)), ("gdn_step", ("fused_recurrent",)),
+              ("matmul", ("gemv", "gemm", "sm90", "xmma", "cutlass", "triton_tem", "splitk", "_mm_", "cublas")),
+              ("fused_elementwise", ("triton_poi", "triton_red", "triton_per")))
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def kernel_events(prof) -> list[tuple[str, float]]:
+    """(name, device seconds) of every GPU kernel / memcpy / memset the profiler saw, in order."""
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out.append((e.name, e.time_range.elapsed_us() / 1e6))
+    return out
+
+
+def profile_steps(fn, steps: int, device: str):
+    """Run ``fn`` ``steps`` times under torch.profiler; (kernel events, wall seconds per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    return kernel_events(prof), wall, prof
+
+
+def breakdown(events: list[tuple[str, float]], steps: int) -> dict:
+    """Per-step seconds by category, kernels per step, and the top kernels by total time."""
+    rec = {f"{cat}_s": 0.0 for cat, _ in CATEGORIES} | {"other_s": 0.0}
+    by_name: dict[str, float] = {}
+    for name, t in events:
+        rec[f"{category(name)}_s"] += t / steps
+        by_name[name] = by_name.get(name, 0.0) + t / steps
+    rec["kernel_time_per_step_s"] = sum(t for _, t in events) / steps
+    rec["kernels_per_step"] = len(events) / steps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:25]
+    return rec, top
+
+
+def gemv_records(model, bw: float, device: str, dtype) -> list[dict]:
+    """Each distinct decode GEMV shape alone (x [1, D] @ W^T), timed over a CUDA graph of 50 calls."""
+    from hylo_bench.serving.fused import merge_linears  # noqa: F401 - shapes below mirror its merges
+
+    cfg = model.config
+    layers = model.model.layers
+    gdn = next(layer.mixer for layer in layers if layer.mixer_type == "gdn")
+    mla = next(layer.mixer for layer in layers if layer.mixer_type == "mla")
+    mlp = layers[0].mlp
+    D = cfg.hidden_size
+    first = mla.q_proj if hasattr(mla, "q_proj") else mla.q_a_proj
+    shapes = {
+        "gdn_q_or_k": tuple(gdn.q_proj.weight.shape), "gdn_v_or_g": tuple(gdn.v_proj.weight.shape),
+        "gdn_merged_in": (2 * gdn.key_dim + 2 * gdn.value_dim + 2 * gdn.num_heads, D),
+        "gdn_o": tuple(gdn.o_proj.weight.shape), "mla_first_q": tuple(first.weight.shape),
+        "mla_kv_a": tuple(mla.kv_a_proj_with_mqa.weight.shape),
+        "mla_merged_in": (first.weight.shape[0] + mla.kv_a_proj_with_mqa.weight.shape[0], D),
+        "mla_out": tuple(mla.out_proj.weight.shape), "mlp_gate_or_up": tuple(mlp.gate_proj.weight.shape),
+        "mlp_merged_gate_up": (2 * mlp.gate_proj.weight.shape[0], D), "mlp_down": tuple(mlp.down_proj.weight.shape),
+        "lm_head": tuple(model.lm_head.weight.shape),
+    }
+    recs = []
+    for name, (n_out, n_in) in shapes.items():
+        w = torch.randn(n_out, n_in, device=device, dtype=dtype)
+        x = torch.randn(1, 1, n_in, device=device, dtype=dtype)
+        reps = 50 if device != "cpu" else 2
+        for _ in range(3):
+            F.linear(x, w)
+        if device != "cpu":
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(reps):
+                    F.linear(x, w)
+            g.replay()
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            t = e0.elapsed_time(e1) / 1e3 / reps
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                F.linear(x, w)
+            t = (time.perf_counter() - t0) / reps
+        nbytes = w.numel() * w.element_size()
+        recs.append({"kind": "gemv", "name": name, "out_features": n_out, "in_features": n_in,
+                     "time_us": t * 1e6, "weight_bytes": nbytes, "gb_per_s": nbytes / t / 1e9,
+                     "fraction_of_copy_bandwidth": nbytes / t / bw, "status": "ok"})
+        del w, x
+    free()
+    return recs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", default="8192,65536", help="context lengths in tokens (one engine sized for the "
+                    "largest serves all)")
+    ap.add_argument("--variants", default="unmerged,merged", help="engine variants: unmerged, merged, "
+                    "merged-eager (merged, CUDA graph without torch.compile)")
+    ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
+    ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
+    ap.add_argument("--table", type=Path, default=None, help="write the top kernels of each profile here")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
+    args = ap.parse_args()
+
+    from hylo_bench.serving.engine import Engine
+
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    env = result_envelope("decode_profile")
+    model, info = build("hybrid", device, dtype, args.smoke)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if args.smoke:
+        contexts = [64, 256]
+    bw = copy_bandwidth(device)
+    env.update(model=info["name"], layout=info["layout"], copy_bandwidth_gb_per_s=bw / 1e9)
+    env["records"] += gemv_records(model, bw, device, dtype)
+    write_result(args.out, env)
+    tables = []
+    cap = max(contexts) + args.steps + 16
+    for variant in args.variants.split(","):
+        merged, compiled = variant != "unmerged", variant != "merged-eager"
+        t0 = time.perf_counter()
+        engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
+                        merge_projections=merged)
+        for T in contexts:
+            rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
+                   "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu"}
+            try:
+                timings = engine.decode_benchmark(1, T, args.steps)
+                nbytes = decode_bytes_per_token(model, engine, T, 1)
+                rec.update(tpot_s=timings.tpot_s, tokens_per_s=1.0 / timings.tpot_s, bytes_per_token=nbytes,
+                           bound_tpot_s=nbytes / bw, fraction_of_bound=nbytes / bw / timings.tpot_s,
+                           peak_memory_gib=timings.decode_peak_gib or 0.0, setup_s=time.perf_counter() - t0)
+                tok = torch.zeros(1, dtype=torch.long, device=device)
+                pos = torch.full((1,), T, dtype=torch.long, device=device)
+                with torch.inference_mode():
+                    events, wall, prof = profile_steps(lambda: engine._decode(tok, pos), args.profile_steps, device)
+                parts, top = breakdown(events, args.profile_steps)
+                rec.update(parts, profiled_wall_per_step_s=wall,
+                           uncovered_per_step_s=max(0.0, timings.tpot_s - parts["kernel_time_per_step_s"]))
+                if not events and device != "cpu":  # graph kernels not traced: profile the step outside the graph
+                    with torch.inference_mode():
+                        events, _, prof = profile_steps(lambda: engine._step_fn(tok, pos), args.profile_steps,
+                                                        device)
+                    parts, top = breakdown(events, args.profile_steps)
+                    rec.update({f"nograph_{k}": v for k, v in parts.items()})
+                tables.append(f"== {variant} @ {T} tokens: tpot {timings.tpot_s * 1e3:.3f} ms, kernels "
+                              f"{parts['kernel_time_per_step_s'] * 1e3:.3f} ms/step, {parts['kernels_per_step']:.0f} "
+                              f"kernels/step\n" + "\n".join(f"{t * 1e6:9.1f} us  {category(n):18s} {n[:110]}"
+                                                            for n, t in top))
+                rec["status"] = "ok"
+            except torch.cuda.OutOfMemoryError as exc:
+                rec.update(status="oom", error=str(exc)[:300])
+            except Exception as exc:  # noqa: BLE001 - recorded; next variant
+                rec.update(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
+            env["records"].append(rec)
+            write_result(args.out, env)
+            print({k: (round(v, 5) if isinstance(v, float) else v) for k, v in rec.items()}, flush=True)
+            if args.table:
+                args.table.write_text("\n\n".join(tables) + "\n")
+        del engine
+        free()
+    print("\n\n".join(tables))
+    dec = [r for r in env["records"] if r.get("kind") == "decode" and r.get("status") == "ok"]
+    env["summary"] = {f"{r['variant']}@{r['seq_len']}": round(r["fraction_of_bound"], 4) for r in dec}
+    write_result(args.out, env)
+    print(f"wrote {args.out}: {env['summary']}")
+
+
+if __name__ == "__main__":
+    main()

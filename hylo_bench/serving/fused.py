@@ -1,0 +1,79 @@
+"""Merged decode projections for the serving engine: the linears that read the same input become one GEMV.
+
+At batch 1 a decode step is a chain of matrix-vector products, each bound by reading its weight. Many small
+GEMVs waste bandwidth (each launch ramps up and drains) and add a kernel each. Serving engines therefore merge the
+projections that share an input (vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). The engine
+merges, per layer:
+
+- GDN: ``q_proj, k_proj, v_proj, a_proj, b_proj, g_proj`` (all read the normalised layer input);
+- MLA: ``q_proj`` (or ``q_a_proj``) and ``kv_a_proj_with_mqa``;
+- MLP: ``gate_proj`` and ``up_proj``.
+
+No weight is copied for good: :func:`merge_linears` concatenates the weights once and rebinds every original
+``weight`` as a row view of the merged buffer, so the model keeps its values, its parameters and its memory size
+(the originals are freed). Linears with a bias, or with different input sizes, dtypes or devices, are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class MergedLinear:
+    """Weights of several linears with one input, stacked by output rows.
+
+    Attributes:
+        weight: [sum(out_i), D], the storage the original ``weight`` parameters now view.
+        splits: out_i of each original linear, in order.
+    """
+
+    weight: torch.Tensor
+    splits: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., D] -> one tensor [..., out_i] per original linear (views of one GEMM output)."""
+        return F.linear(x, self.weight).split(self.splits, dim=-1)
+
+
+def merge_linears(linears: list[nn.Linear]) -> MergedLinear | None:
+    """Merge bias-free linears that share an input into one :class:`MergedLinear`, rebinding each ``weight``'s
+    data as a view of its rows (values unchanged, no extra memory once the old storages are freed).
+
+    Returns:
+        The merged weight, or None (and nothing changed) when the linears cannot be merged: any bias, different
+        ``in_features``, dtypes or devices, or fewer than two linears.
+    """
+    if len(linears) < 2:
+        return None
+    w0 = linears[0].weight
+    if any(lin.bias is not None or lin.weight.shape[1] != w0.shape[1] or lin.weight.dtype != w0.dtype
+           or lin.weight.device != w0.device for lin in linears):
+        return None
+    with torch.no_grad():
+        merged = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+        row = 0
+        for lin in linears:
+            n = lin.weight.shape[0]
+            lin.weight.data = merged[row:row + n]
+            row += n
+    return MergedLinear(merged, tuple(lin.weight.shape[0] for lin in linears))
+
+
+def merge_mlp(mlp: nn.Module) -> MergedLinear | None:
+    """``gate_proj`` + ``up_proj`` of a SwiGLU MLP (LlamaMLP layout: ``down(act(gate(x)) * up(x))``), or None."""
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    return merge_linears([mlp.gate_proj, mlp.up_proj])
+
+
+def mlp_forward(mlp: nn.Module, merged: MergedLinear | None, x: torch.Tensor) -> torch.Tensor:
+    """The MLP on x [..., D] through the merged gate/up GEMV when there is one, else the module itself."""
+    if merged is None:
+        return mlp(x)
+    gate, up = merged(x)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
