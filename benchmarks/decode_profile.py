@@ -140,8 +140,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="8192,65536", help="context lengths in tokens (one engine sized for the "
                     "largest serves all)")
-    ap.add_argument("--variants", default="unmerged,merged", help="engine variants: unmerged, merged, "
-                    "merged-eager (merged, CUDA graph without torch.compile)")
+    ap.add_argument("--variants", default="merged-default,merged-autotune,unmerged-default",
+                    help="engine variants, comma-separated: {merged,unmerged}-{maxautotune,default,autotune,eager}: "
+                         "projections merged or not; torch.compile mode max-autotune-no-cudagraphs, default, "
+                         "max_autotune without coordinate-descent GEMV decomposition, or no compile")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -165,10 +167,14 @@ def main() -> None:
     tables = []
     cap = max(contexts) + args.steps + 16
     for variant in args.variants.split(","):
-        merged, compiled = variant != "unmerged", variant != "merged-eager"
+        how, _, flavour = variant.partition("-")
+        merged, compiled = how == "merged", flavour != "eager"
+        kw = {"compile_mode": "default"} if flavour == "default" else \
+            {"compile_options": {"max_autotune": True, "coordinate_descent_tuning": False}} if flavour == "autotune" \
+            else {}
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
-                        merge_projections=merged)
+                        merge_projections=merged, **({} if args.smoke else kw))
         for T in contexts:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu"}

@@ -143,7 +143,7 @@ def child_main(args) -> None:
         raise SystemExit("--child runs under torchrun only")
     record = {"seq_len": args.seq_len, "n_gpus": ctx.world_size, "backend": ctx.backend, "steps": args.steps,
               "activation_checkpointing": not args.no_activation_checkpointing, "kl_chunk_size": args.kl_chunk_size,
-              "grad_accum": args.grad_accum}
+              "grad_accum": args.grad_accum, "compile": args.compile}
     dev = torch.device(ctx.device)
     if dev.type == "cuda":
         from hylo_bench.kernels.gated_delta import select_gdn_backend
@@ -155,7 +155,7 @@ def child_main(args) -> None:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []),
-                       schedule=schedule(wait=1, warmup=0, active=1, repeat=1))
+                       schedule=schedule(wait=1, warmup=0, active=1, repeat=1), record_shapes=True)
     try:
         student, teacher = build_models(args.tiny, ctx.device)
         fpt, fpt_params = flops_per_token(student, teacher, args.seq_len)
@@ -163,6 +163,10 @@ def child_main(args) -> None:
         student.model.gradient_checkpointing = not args.no_activation_checkpointing
         dist_utils.shard_model(student, ctx, mixed_precision=dev.type == "cuda")
         dist_utils.shard_model(teacher, ctx, mixed_precision=False)
+        if args.compile:
+            from hylo_bench.upcycle.train.compile import compile_decoder_layers
+
+            compile_decoder_layers(student, teacher)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         vocab = teacher.config.vocab_size
@@ -182,7 +186,10 @@ def child_main(args) -> None:
             record.update(profile_breakdown(prof, dev.type))
             args.profile_table.write_text(prof.key_averages().table(
                 sort_by="self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total", row_limit=45,
-                max_name_column_width=90))
+                max_name_column_width=90) + "\n\nmatmuls by input shape:\n" + prof.key_averages(
+                    group_by_input_shape=True).table(sort_by="cuda_time_total" if dev.type == "cuda" else
+                                                     "cpu_time_total", row_limit=30, max_name_column_width=40,
+                                                     max_shapes_column_width=80))
         tps = [r["tokens_per_s"] for r in res.losses]
         tps = statistics.median(tps[1:] if len(tps) > 1 else tps)  # the first step carries compile / autotune
         peak = res.peak_memory_gib
@@ -216,6 +223,7 @@ def run_point(n_gpus: int, seq_len: int, args, timeout_s: float) -> dict:
                "--kl-chunk-size", str(args.kl_chunk_size), "--grad-accum", str(args.grad_accum),
                "--record", str(rec_path)] + (["--tiny"] if args.tiny else []) + \
             (["--no-activation-checkpointing"] if args.no_activation_checkpointing else []) + \
+            (["--compile"] if args.compile else []) + \
             (["--profile-table", str(args.profile_table)] if args.profile_table else [])
         env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {"PYTHONUNBUFFERED": "1"}
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -298,6 +306,8 @@ def parse_args(argv=None):
     ap.add_argument("--grad-accum", type=int, default=1, help="sequences per GPU per optimizer step")
     ap.add_argument("--no-activation-checkpointing", action="store_true",
                     help="keep every activation (short contexts: no recomputation)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile each decoder layer of student and teacher (upcycle/train/compile.py)")
     ap.add_argument("--profile-table", type=Path, default=None,
                     help="profile the second optimizer step (rank 0): kernel table to this file, groups in the record")
     ap.add_argument("--budget-s", type=float, default=560, help="stop starting points after this many seconds")

@@ -99,6 +99,8 @@ def upcycle(
                                                      help="Save the student after every stage (OUT/stages/)."),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute each layer."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile each decoder layer "
+                                            "of student and teacher (GPU speed; the first steps compile)."),
     eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where the default results store lives "
                                                "(default hylo-results); the training log is added after every stage."),
@@ -121,7 +123,7 @@ def upcycle(
             base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers), data=data, stages=stages,
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
-            save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing,
+            save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
             tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
             results_dir=str(results_dir) if results_dir else None, db=db))

@@ -279,6 +279,8 @@ class Engine(_EngineBase):
             per batch size compiles (tens of seconds to minutes).
         compile_mode: ``torch.compile`` mode; default "max-autotune-no-cudagraphs" on CUDA (the engine captures its
             own graph), "default" elsewhere. compile_backend: ``torch.compile`` backend (default "inductor").
+        compile_options: Inductor options instead of a mode (e.g. ``{"max_autotune": True,
+            "coordinate_descent_tuning": False}``: autotuned GEMMs without turning batch-1 GEMVs into reductions).
         merge_projections: per layer, read the projections that share an input with one GEMV (GDN q/k/v/a/b/g, MLA
             first query projection + kv_a, MLP gate + up; :mod:`hylo_bench.serving.fused`). The model's weights are
             rebound as row views of the merged buffers: same values, same memory.
@@ -291,7 +293,7 @@ class Engine(_EngineBase):
     def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
-                 merge_projections: bool = True):
+                 compile_options: dict | None = None, merge_projections: bool = True):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -317,7 +319,12 @@ class Engine(_EngineBase):
         self.graph_error: str | None = None
         self.compiled = compile
         self._step_fn = self._step
-        if compile:
+        if compile and compile_options is not None:
+            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, options=compile_options,
+                                          backend=compile_backend)
+            logger.info("decode step compiled with torch.compile (options %s, backend %s)", compile_options,
+                        compile_backend)
+        elif compile:
             mode = compile_mode or ("max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
             self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode,
                                           backend=compile_backend)

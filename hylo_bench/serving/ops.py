@@ -45,11 +45,40 @@ def mla_decode_op(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor
     return _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend)
 
 
+_FLA_INPLACE = {"ok": True}
+
+
+def _fla_step_inplace(q, k, v, g, beta, state):
+    """fla 0.6.0's ``fused_recurrent_gated_delta_rule_fwd_kernel`` launched as its wrapper does, with the final state
+    written over the initial one (each program reads its [K, BV] block of ``state`` first and writes the same block
+    last, so aliasing is safe): saves the wrapper's new state tensor and the copy back. q, k, v, g, beta, state
+    contiguous; returns o [B, 1, H, Vd]."""
+    import triton
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd_kernel as kernel
+
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[-1]
+    BV = min(8, triton.next_power_of_2(V))
+    o = torch.empty_like(v)
+    kernel[(triton.cdiv(V, BV) * B * HV,)](
+        q=q, k=k, v=v, g=g, gk=None, gv=None, beta=beta, A_log=None, dt_bias=None, o=o, h0=state, ht=state,
+        cu_seqlens=None, scale=K ** -0.5, T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
+        IS_BETA_HEADWISE=beta.ndim != v.ndim, USE_QK_L2NORM_IN_KERNEL=True, STATE_V_FIRST=False,
+        APPLY_BETA_SIGMOID=False, ALLOW_NEG_EIGVAL=False, num_warps=1, num_stages=3)
+    return o
+
+
 def _impl_gdn(q, k, v, g, beta, state, backend):
     if backend == "fla":
+        g, beta = g.float().contiguous(), beta.to(q.dtype).contiguous()
+        if _FLA_INPLACE["ok"] and state.is_contiguous() and state.dtype == torch.float32:
+            try:
+                return _fla_step_inplace(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state).to(q.dtype)
+            except (ImportError, TypeError, KeyError, AttributeError):  # another fla version: its public API
+                _FLA_INPLACE["ok"] = False
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-        o, new = fused_recurrent_gated_delta_rule(q, k, v, g=g.float(), beta=beta.to(q.dtype), initial_state=state,
+        o, new = fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state,
                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
     else:
         from hylo_bench.kernels.gated_delta import gated_delta_rule_step

@@ -85,6 +85,7 @@ class UpcycleConfig:
     seed: int = 42
     save_stage_checkpoints: bool = True
     gradient_checkpointing: bool = False
+    compile: bool = False  # torch.compile each decoder layer of student and teacher (train/compile.py)
     mixer_overrides: dict = field(default_factory=dict)
     results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
     db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
@@ -330,6 +331,10 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
         dist_utils.shard_model(student, ctx, mixed_precision=device.startswith("cuda"))
         for frozen in {id(m): m for m in (base, teacher)}.values():
             dist_utils.shard_model(frozen, ctx, mixed_precision=False)
+    if cfg.compile:
+        from hylo_bench.upcycle.train.compile import compile_decoder_layers
+
+        compile_decoder_layers(*{id(m): m for m in (student, base, teacher)}.values())
 
     manifest_path = out / "manifest.json"
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,

@@ -309,3 +309,11 @@ def test_fla_matches_torch_chunk_bf16(T):
         assert rel_err(a, b) < 2e-2, name
     if not with_grad:
         pytest.skip(f"forward checked; backward not compared: {refusal}")
+
+
+def test_select_backend_reason_says_when_tilelang_takes_the_backward():
+    _, with_tl = select_gdn_backend("cuda:0", True, env=fake_env(tilelang_usable=True))
+    assert "TileLang" in with_tl and "#640" in with_tl
+    _, fwd_only = select_gdn_backend("cuda:0", False, env=fake_env(tilelang_usable=True))
+    _, fixed_triton = select_gdn_backend("cuda:0", True, env=fake_env(tilelang_usable=True, triton_version="3.7.1"))
+    assert "TileLang" not in fwd_only and "TileLang" not in fixed_triton

@@ -43,6 +43,13 @@ def _log_choice_once(name: str, reason: str) -> None:
     logger.info("GDN backend: %s (%s)", label, reason)
 
 
+@torch.compiler.disable  # environment probing and logging: plain Python, never traced
+def _select_and_log(device: torch.device, needs_grad: bool, dtype: torch.dtype) -> str:
+    backend, reason = select_gdn_backend(device, needs_grad, dtype=dtype)
+    _log_choice_once(backend, reason)
+    return backend
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -91,8 +98,7 @@ def gated_delta_rule(
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
         )
-        backend, reason = select_gdn_backend(q.device, needs_grad, dtype=q.dtype)
-        _log_choice_once(backend, reason)
+        backend = _select_and_log(q.device, needs_grad, q.dtype)
     kwargs = {
         "scale": scale,
         "initial_state": initial_state,

@@ -165,9 +165,14 @@ def select_gdn_backend(
         if refusal is not None:
             return "torch", refusal
     mode = "fwd+bwd" if needs_grad else "fwd"
-    return "fla", f"fla {env.fla_version} chunk_gated_delta_rule ({mode}, triton {env.triton_version})"
+    via = ""
+    if needs_grad and env.is_nvidia and env.tilelang_usable and fla_backward_refusal(
+            dataclasses.replace(env, tilelang_usable=False)) is not None:
+        via = "; backward's chunk_bwd_dqkwg on TileLang (fla #640 workaround)"
+    return "fla", f"fla {env.fla_version} chunk_gated_delta_rule ({mode}, triton {env.triton_version}{via})"
 
 
+@torch.compiler.disable  # fla's autotuned Triton / TileLang kernels run as they are; torch.compile breaks around them
 def fla_chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -17,10 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32
+BLOCK_N = 32  # split granularity in tokens; the kernel's own tile (autotuned) may be larger, masks cover the rest
 TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
 
 
+@triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+             for bn, w, st in ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))],
+    key=["H", "R", "P", "HAS_SCALE", "tokens_per_split"],
+)
 @triton.jit
 def _mla_decode_split_kernel(
     Q_lat, Q_rope, Cache, KScale, Lengths, Acc, M, L,
@@ -77,6 +82,26 @@ def _mla_decode_split_kernel(
     tl.store(L + b * stride_mb + split * stride_ms + offs_h, l_i, mask=mask_h)
 
 
+@triton.jit
+def _mla_decode_combine_kernel(Acc, M, L, Out, n_splits, stride_ab, stride_as, stride_ah, stride_mb, stride_ms,
+                               stride_ob, stride_oh, R: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Log-sum-exp merge of the splits of one (sequence, head): out = sum_s w_s acc_s / sum_s w_s l_s."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_r = offs_r < R
+    m_max = float("-inf")
+    for s in range(0, n_splits):
+        m_max = tl.maximum(m_max, tl.load(M + b * stride_mb + s * stride_ms + h))
+    num = tl.zeros([BLOCK_R], dtype=tl.float32)
+    den = 0.0
+    for s in range(0, n_splits):
+        w = tl.exp(tl.load(M + b * stride_mb + s * stride_ms + h) - m_max)  # 0 for an empty split (m = -inf)
+        den += w * tl.load(L + b * stride_mb + s * stride_ms + h)
+        num += w * tl.load(Acc + b * stride_ab + s * stride_as + h * stride_ah + offs_r, mask=mask_r, other=0.0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_r, num / den, mask=mask_r)
+
+
 def num_splits_for(batch: int, capacity: int) -> tuple[int, int]:
     """(splits, tokens per split) for a cache of ``capacity`` slots: about TARGET_PROGRAMS programs in all,
     each split a multiple of BLOCK_N tokens."""
@@ -116,11 +141,12 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
         ks.stride(0), ks.stride(1), acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
         float(scale), per,
         H=H, R=R, P=P, REP=rep, HAS_SCALE=key_scale is not None,
-        BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N=BLOCK_N, BLOCK_R=max(16, triton.next_power_of_2(R)),
-        BLOCK_P=max(16, triton.next_power_of_2(P)), num_warps=4, num_stages=2,
+        BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_R=max(16, triton.next_power_of_2(R)),
+        BLOCK_P=max(16, triton.next_power_of_2(P)),
     )
-    m_max = m.amax(dim=1, keepdim=True)  # split 0 always holds >= 1 token, so m_max is finite
-    w = torch.exp(m - m_max)  # [B, S, H]; 0 for empty splits (m = -inf)
-    num = (acc * w[..., None]).sum(dim=1)
-    den = (lsum * w).sum(dim=1)
-    return num / den[..., None]
+    out = torch.empty(B, H, R, dtype=torch.float32, device=cache.device)
+    # split 0 always holds >= 1 token, so the running max is finite
+    _mla_decode_combine_kernel[(B, H)](acc, m, lsum, out, splits, acc.stride(0), acc.stride(1), acc.stride(2),
+                                       m.stride(0), m.stride(1), out.stride(0), out.stride(1), R=R,
+                                       BLOCK_R=max(16, triton.next_power_of_2(R)), num_warps=2)
+    return out
