@@ -283,7 +283,10 @@ class Engine(_EngineBase):
             "coordinate_descent_tuning": False}``: autotuned GEMMs without turning batch-1 GEMVs into reductions).
         merge_projections: per layer, read the projections that share an input with one GEMV (GDN q/k/v/a/b/g, MLA
             first query projection + kv_a, MLP gate + up; :mod:`hylo_bench.serving.fused`). The model's weights are
-            rebound as row views of the merged buffers: same values, same memory.
+            rebound as row views of the merged buffers: same values, same memory. None (default): merge, except
+            under a "max-autotune" compile mode, whose coordinate-descent tuning turns batch-1 GEMVs into fused
+            Triton reductions that ran faster unmerged (H200, 64K: 36.8 % vs 34.9 % of the bandwidth bound; with
+            cuBLAS GEMVs merging won, 30.8 % vs 26.7 %; ``benchmarks/results/decode_profile.json``).
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), or non-positive sizes.
@@ -293,7 +296,7 @@ class Engine(_EngineBase):
     def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
-                 compile_options: dict | None = None, merge_projections: bool = True):
+                 compile_options: dict | None = None, merge_projections: bool | None = None):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -303,6 +306,10 @@ class Engine(_EngineBase):
             cuda_graphs = False
         self.use_graphs = cuda_graphs
         self.layers = list(model.model.layers)
+        mode = compile_mode or ("max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
+        if merge_projections is None:
+            merge_projections = not (compile and compile_options is None and mode.startswith("max-autotune"))
+        self.merged_projections = merge_projections
         self.mixers, self.slots = [], []
         for layer in self.layers:
             if layer.mixer_type == "mla":
@@ -325,7 +332,6 @@ class Engine(_EngineBase):
             logger.info("decode step compiled with torch.compile (options %s, backend %s)", compile_options,
                         compile_backend)
         elif compile:
-            mode = compile_mode or ("max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
             self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode,
                                           backend=compile_backend)
             logger.info("decode step compiled with torch.compile (mode %s, backend %s)", mode, compile_backend)

@@ -84,22 +84,22 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _mla_decode_combine_kernel(Acc, M, L, Out, n_splits, stride_ab, stride_as, stride_ah, stride_mb, stride_ms,
-                               stride_ob, stride_oh, R: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Log-sum-exp merge of the splits of one (sequence, head): out = sum_s w_s acc_s / sum_s w_s l_s."""
+                               stride_ob, stride_oh, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Log-sum-exp merge of all splits of one (sequence, head, BLOCK_R slice of R), vectorised over the splits:
+    out = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max_s m_s) (0 for empty splits, m = -inf)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
-    offs_r = tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < n_splits
+    m = tl.load(M + b * stride_mb + offs_s * stride_ms + h, mask=mask_s, other=float("-inf"))
+    lsum = tl.load(L + b * stride_mb + offs_s * stride_ms + h, mask=mask_s, other=0.0)
+    w = tl.exp(m - tl.max(m, 0))  # split 0 always holds >= 1 token, so the max is finite
+    den = tl.sum(w * lsum, 0)
+    offs_r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
-    m_max = float("-inf")
-    for s in range(0, n_splits):
-        m_max = tl.maximum(m_max, tl.load(M + b * stride_mb + s * stride_ms + h))
-    num = tl.zeros([BLOCK_R], dtype=tl.float32)
-    den = 0.0
-    for s in range(0, n_splits):
-        w = tl.exp(tl.load(M + b * stride_mb + s * stride_ms + h) - m_max)  # 0 for an empty split (m = -inf)
-        den += w * tl.load(L + b * stride_mb + s * stride_ms + h)
-        num += w * tl.load(Acc + b * stride_ab + s * stride_as + h * stride_ah + offs_r, mask=mask_r, other=0.0)
-    tl.store(Out + b * stride_ob + h * stride_oh + offs_r, num / den, mask=mask_r)
+    acc = tl.load(Acc + b * stride_ab + offs_s[:, None] * stride_as + h * stride_ah + offs_r[None, :],
+                  mask=mask_s[:, None] & mask_r[None, :], other=0.0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_r, tl.sum(acc * w[:, None], 0) / den, mask=mask_r)
 
 
 def num_splits_for(batch: int, capacity: int) -> tuple[int, int]:
@@ -145,8 +145,9 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
         BLOCK_P=max(16, triton.next_power_of_2(P)),
     )
     out = torch.empty(B, H, R, dtype=torch.float32, device=cache.device)
-    # split 0 always holds >= 1 token, so the running max is finite
-    _mla_decode_combine_kernel[(B, H)](acc, m, lsum, out, splits, acc.stride(0), acc.stride(1), acc.stride(2),
-                                       m.stride(0), m.stride(1), out.stride(0), out.stride(1), R=R,
-                                       BLOCK_R=max(16, triton.next_power_of_2(R)), num_warps=2)
+    block_r = 16
+    _mla_decode_combine_kernel[(B, H, triton.cdiv(R, block_r))](
+        acc, m, lsum, out, splits, acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
+        out.stride(0), out.stride(1), R=R, BLOCK_S=max(16, triton.next_power_of_2(splits)), BLOCK_R=block_r,
+        num_warps=4)
     return out
