@@ -140,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="8192,65536", help="context lengths in tokens (one engine sized for the "
                     "largest serves all)")
-    ap.add_argument("--variants", default="merged-default,merged-autotune,unmerged-default",
+    ap.add_argument("--variants", default="merged-default,unmerged-maxautotune",
                     help="engine variants, comma-separated: {merged,unmerged}-{maxautotune,default,autotune,eager}: "
                          "projections merged or not; torch.compile mode max-autotune-no-cudagraphs, default, "
                          "max_autotune without coordinate-descent GEMV decomposition, or no compile")
@@ -169,9 +169,9 @@ def main() -> None:
     for variant in args.variants.split(","):
         how, _, flavour = variant.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
-        kw = {"compile_mode": "default"} if flavour == "default" else \
+        kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
             {"compile_options": {"max_autotune": True, "coordinate_descent_tuning": False}} if flavour == "autotune" \
-            else {}
+            else {"compile_mode": "default"}
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, **({} if args.smoke else kw))

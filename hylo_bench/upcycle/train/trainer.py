@@ -162,10 +162,13 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-               TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("loss {task.fields[loss]:.4f}"),
+               TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("{task.fields[mfu]}"),
+               TextColumn(("KL" if stage.kind == "kd" else "loss") + " {task.fields[loss]:.4f}"),
+               TextColumn("lr {task.fields[lr]:.2e}"), TextColumn("{task.fields[mem]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, transient=False, disable=rank != 0) as progress:
-        bar = progress.add_task(stage.name, total=total_steps, completed=start, tps=0.0, loss=float("nan"))
+        bar = progress.add_task(stage.name, total=total_steps, completed=start, tps=0.0, loss=float("nan"), lr=0.0,
+                                mfu="", mem="")
         for step in range(start, total_steps):
             t0 = time.perf_counter()
             for g in opt.param_groups:
@@ -213,7 +216,12 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                 _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
                           grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device,
                           memory=memory, n_devices=world)
-            progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum)
+            mfu = tps * opts.flops_per_token / (opts.peak_flops * world) \
+                if opts.flops_per_token and opts.peak_flops else None
+            peak_gib = result.peak_memory_gib if result.peak_memory_gib is not None else \
+                peak_memory_bytes(device)[0] / 2 ** 30
+            progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum, lr=opt.param_groups[0]["lr"],
+                            mfu="" if mfu is None else f"MFU {100 * mfu:.1f}%", mem=f"{peak_gib:.1f} GiB")
             if (step + 1) % opts.save_every == 0 and step + 1 < total_steps:
                 if ctx is not None:
                     _save_resume_dcp(resume_path, student, opt, step + 1, result, ctx)
