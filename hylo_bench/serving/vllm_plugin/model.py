@@ -1,4 +1,4 @@
-"""``HyLoForCausalLM`` for vLLM: HyLo's MLA + Gated DeltaNet hybrid from vLLM's own layers.
+"""``HyLoForCausalLM`` for vLLM: HyLo's MLA + Gated DeltaNet / Mamba-2 hybrids from vLLM's own layers.
 
 Imports vLLM at module import; :func:`hylo_bench.serving.vllm_plugin.register` registers it lazily by path.
 
@@ -24,9 +24,19 @@ Layers (same maths as :mod:`hylo_bench.models.hybrid`; checkpoint-format.md sec.
   gated RMSNorm still normalises over the whole HyLo value head (e * K dims). vLLM's CPU GDN kernel needs
   head_dim == head_dim_v ("chunk_gated_delta_rule_cpu: expect head_dim to be equal to head_dim_v"), which
   this form satisfies.
+- Mamba-2 layer (``self.mamba``): vLLM's ``MambaMixer2`` (``mamba2_state_shape`` cache, ``MAMBA2`` backend) with
+  H heads of N dims, ``n_groups`` = H and ``head_dim`` = ``ssm_state_size`` = N. HyLo's Mamba-2
+  (:mod:`hylo_bench.models.mamba2`, Zebra-Llama layout) has the same gate-first in_proj order
+  [z | x | B | C | dt], the same conv over [x | B | C] and the same gate-then-normalise norm; it differs in the
+  x and B width: Gx = d_xb / N groups of N, each repeated to g = H / Gx heads after the conv (group j -> heads
+  j g ... j g + g - 1, ``repeat_interleave``). At load the x / B rows of ``in_proj`` and the matching
+  depthwise-conv channels (weight and bias) are repeated the same way to H * N; a depthwise conv acts on each
+  channel alone, so conv-then-repeat equals repeat-then-conv, and the served layer equals HyLo's exactly (at the
+  cost of a conv state of 3 E instead of E + 2 d_xb channels). C is per head, so vLLM's B / C groups are the
+  heads (n_groups = H) and its gated-norm group E / n_groups = N equals HyLo's per-head norm size.
 
 Weight names stay HyLo's (``model.layers.{i}.mla.*``, ``model.layers.{i}.gdn.*`` or any single GDN mixer
-attribute, ``lm_head``); :meth:`HyLoForCausalLM.load_weights` maps them.
+attribute, ``model.layers.{i}.mamba.*``, ``lm_head``); :meth:`HyLoForCausalLM.load_weights` maps them.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateCopyFuncCalculator,
     MambaStateDtypeCalculator,
@@ -62,6 +73,8 @@ _GDN_STACKED = {"q_proj": ("in_proj_qkvz", 0), "k_proj": ("in_proj_qkvz", 1), "v
                 "g_proj": ("in_proj_qkvz", 3), "b_proj": ("in_proj_ba", 0), "a_proj": ("in_proj_ba", 1)}
 _GDN_RENAMED = {"o_norm.weight": "norm.weight", "o_proj.weight": "out_proj.weight"}
 _GDN_CONVS = ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")
+_MAMBA_DIRECT = {"dt_bias": "dt_bias", "D": "D", "A_log": "A", "norm.weight": "norm.weight",
+                 "out_proj.weight": "out_proj.weight"}  # A_log -> A: MambaMixer2's loader stores -exp(A_log)
 
 
 def _mla_rope_parameters(config) -> dict:
@@ -176,8 +189,25 @@ class HyLoGatedDeltaNet(QwenGatedDeltaNetAttention):
         return self.out_proj(out.flatten(-2))[0]
 
 
+def hylo_mamba2_mixer(config, vllm_config: VllmConfig, prefix: str) -> MambaMixer2:
+    """vLLM ``MambaMixer2`` sized for a HyLo Mamba-2 layer (export-vllm's ``mamba_*`` keys; module docstring).
+
+    E = H * N (``intermediate_size``), conv bias on, no projection biases, SiLU conv activation, gated RMSNorm
+    per group of N with HyLo's eps (``hylo_mamba_norm_eps``).
+    """
+    c = config
+    H, N = c.mamba_n_heads, c.mamba_d_state
+    return MambaMixer2(hidden_size=c.hidden_size, ssm_state_size=N, conv_kernel_size=c.mamba_d_conv,
+                       intermediate_size=H * c.mamba_d_head, use_conv_bias=True, use_bias=False,
+                       n_groups=c.mamba_n_groups, num_heads=H, head_dim=c.mamba_d_head,
+                       rms_norm_eps=getattr(c, "hylo_mamba_norm_eps", 1e-5), activation="silu", use_rms_norm=True,
+                       model_config=vllm_config.model_config, cache_config=vllm_config.cache_config,
+                       quant_config=vllm_config.quant_config, prefix=prefix)
+
+
 class HyLoDecoderLayer(nn.Module):
-    """Pre-norm residual block with an MLA (``self.mla``) or GDN (``self.gdn``) mixer and a SwiGLU MLP."""
+    """Pre-norm residual block with an MLA (``self.mla``), GDN (``self.gdn``) or Mamba-2 (``self.mamba``) mixer
+    and a SwiGLU MLP."""
 
     def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> None:
         super().__init__()
@@ -188,9 +218,11 @@ class HyLoDecoderLayer(nn.Module):
             gdn_config = copy.copy(config)  # the gated norm's eps is the GDN one (fla default 1e-5)
             gdn_config.rms_norm_eps = getattr(config, "hylo_gdn_norm_eps", 1e-5)
             self.gdn = HyLoGatedDeltaNet(gdn_config, vllm_config, prefix=f"{prefix}.gdn")
+        elif self.kind == "mamba":
+            self.mamba = hylo_mamba2_mixer(config, vllm_config, prefix=f"{prefix}.mamba")
         else:
-            raise ValueError(f"hylo_layer_types[{layer_idx}] = {self.kind!r}: the vLLM plugin serves 'mla' and "
-                             "'gdn' layers")
+            raise ValueError(f"hylo_layer_types[{layer_idx}] = {self.kind!r}: the vLLM plugin serves 'mla', "
+                             "'gdn' and 'mamba' layers")
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
                             quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -198,7 +230,10 @@ class HyLoDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         x = self.input_layernorm(hidden_states)
-        mixed = self.mla(positions, x) if self.kind == "mla" else self.gdn(x)
+        if self.kind == "mla":
+            mixed = self.mla(positions, x)
+        else:
+            mixed = self.gdn(x) if self.kind == "gdn" else self.mamba(x)
         h = hidden_states + mixed
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -252,24 +287,37 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
 
-    # ---- IsHybrid: the GDN state, from the config alone (pages are sized before layers exist) ----------
+    # ---- IsHybrid: the GDN / Mamba-2 state, from the config alone (pages are sized before layers exist) --
+    # A HyLo model has one linear type (hylo_linear_type, "gdn" in configs exported before Mamba-2 support).
+    @staticmethod
+    def _is_mamba(vllm_config: VllmConfig) -> bool:
+        return getattr(vllm_config.model_config.hf_config, "hylo_linear_type", "gdn") == "mamba"
+
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, torch.dtype]:
-        return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype,
-            vllm_config.cache_config.mamba_ssm_cache_dtype)
+        calc = (MambaStateDtypeCalculator.mamba2_state_dtype if cls._is_mamba(vllm_config) else
+                MambaStateDtypeCalculator.gated_delta_net_state_dtype)
+        return calc(vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype,
+                    vllm_config.cache_config.mamba_ssm_cache_dtype)
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
         c = vllm_config.model_config.hf_config
         spec = vllm_config.speculative_config
+        n_spec = spec.num_speculative_tokens if spec else 0
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if cls._is_mamba(vllm_config):  # same sizes as hylo_mamba2_mixer
+            return MambaStateShapeCalculator.mamba2_state_shape(
+                tp, c.mamba_n_heads * c.mamba_d_head, c.mamba_n_groups, c.mamba_n_heads, c.mamba_d_head,
+                c.mamba_d_state, c.mamba_d_conv, n_spec)
         return MambaStateShapeCalculator.gated_delta_net_state_shape(
-            vllm_config.parallel_config.tensor_parallel_size, c.linear_num_key_heads, c.linear_num_value_heads,
-            c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
-            spec.num_speculative_tokens if spec else 0)
+            tp, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+            c.linear_conv_kernel_dim, n_spec)
 
     @classmethod
     def get_mamba_state_copy_func(cls):
+        # vLLM calls this without a config; in vLLM 0.32 mamba2_state_copy_func() and
+        # gated_delta_net_state_copy_func() return the same (conv, temporal) copy functions.
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
     # ---- weights -----------------------------------------------------------------------------------------
@@ -284,7 +332,8 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
         convs: dict[int, dict[str, torch.Tensor]] = {}
         kinds = self.config.hylo_layer_types
         groups = int(getattr(self.config, "hylo_num_kv_groups", self.config.num_attention_heads))
-        expand_v = self.config.linear_num_value_heads // self.config.linear_num_key_heads
+        expand_v = (self.config.linear_num_value_heads // self.config.linear_num_key_heads
+                    if "gdn" in kinds else 1)
 
         def put(name: str, w: torch.Tensor, shard=None) -> None:
             if name not in params:
@@ -310,6 +359,8 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
                     heads = self.config.num_attention_heads
                     w = w.view(groups, -1, w.shape[-1]).repeat_interleave(heads // groups, 0).flatten(0, 1)
                 put(f"{base}.mla.{rest}", w)
+            elif kinds[i] == "mamba":
+                self._load_mamba(name, base, attr, rest, w, put)
             else:  # GDN mixer under any attribute (checkpoint-format.md sec. 4.4)
                 proj = rest.split(".")[0]
                 if rest in _GDN_CONVS:
@@ -330,3 +381,47 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
         if missing:
             raise ValueError(f"HyLo vLLM plugin: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
         return loaded
+
+    def _load_mamba(self, name: str, base: str, attr: str, rest: str, w: torch.Tensor, put) -> None:
+        """Map one HyLo Mamba-2 tensor (checkpoint-format.md sec. 4.5) onto ``{base}.mamba`` (MambaMixer2).
+
+        in_proj rows [z E | x X | B X | C E | dt H] -> [z | x' | B' | C | dt] and conv channels (weight
+        [E + 2X, 1, W], bias [E + 2X]) [x | B | C] -> [x' | B' | C], where x' / B' [H * N] repeat each of the
+        Gx = X / N groups of N rows g = H / Gx times in place (``repeat_interleave``, as
+        ``hylo_bench.models.mamba2.Mamba2.forward``); the other tensors are copied (A_log through vLLM's
+        ``-exp`` loader).
+
+        Raises:
+            ValueError: naming ``name`` for a mixer attribute other than ``mamba``, an unknown tensor, or a
+                shape that does not match the exported config.
+        """
+        c = self.config
+        H, N, X = c.mamba_n_heads, c.mamba_d_state, c.hylo_mamba_d_xb
+        E, W = H * c.mamba_d_head, c.mamba_d_conv
+        if attr != "mamba":
+            raise ValueError(f"HyLo vLLM plugin: {name!r}: a Mamba-2 layer's tensors live under "
+                             "'model.layers.{i}.mamba.*' (checkpoint-format.md sec. 4.5)")
+        g = H // (X // N)
+
+        def widen(t: torch.Tensor) -> torch.Tensor:  # [X, ...] -> [H * N, ...], group j -> heads j*g .. j*g+g-1
+            return t.unflatten(0, (X // N, N)).repeat_interleave(g, 0).flatten(0, 1)
+
+        expected = {"in_proj.weight": (2 * E + 2 * X + H, c.hidden_size), "conv1d.weight": (E + 2 * X, 1, W),
+                    "conv1d.bias": (E + 2 * X,), "dt_bias": (H,), "A_log": (H,), "D": (H,),
+                    "norm.weight": (E,), "out_proj.weight": (c.hidden_size, E)}
+        if rest not in expected:
+            raise ValueError(f"HyLo vLLM plugin: unknown Mamba-2 tensor {name!r} (expected mamba.{{"
+                             f"{', '.join(expected)}}})")
+        if tuple(w.shape) != expected[rest]:
+            raise ValueError(f"HyLo vLLM plugin: {name!r} has shape {tuple(w.shape)}, expected {expected[rest]} "
+                             f"from the exported config (mamba_n_heads {H}, mamba_d_state {N}, hylo_mamba_d_xb "
+                             f"{X}); re-run export-vllm on this checkpoint")
+        if rest == "in_proj.weight":
+            z, x, b, cc, dt = w.split([E, X, X, E, H], dim=0)
+            w = torch.cat([z, widen(x), widen(b), cc, dt], dim=0)
+        elif rest.startswith("conv1d."):
+            x, b, cc = w.split([X, X, E], dim=0)
+            w = torch.cat([widen(x), widen(b), cc], dim=0)
+        else:
+            rest = _MAMBA_DIRECT[rest]
+        put(f"{base}.mamba.{rest}", w)
