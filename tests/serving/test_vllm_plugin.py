@@ -300,7 +300,7 @@ print("PROBE", json.dumps({"rows": rows, "bias": got["model.layers.0.mamba.conv1
 
 
 @pytest.mark.vllm
-def test_vllm_mamba2_weight_mapping(tmp_path):
+def test_vllm_mamba2_weight_mapping():
     """HyLo in_proj rows [z | x | B | C | dt] and conv channels [x | B | C] -> MambaMixer2's, x / B groups repeated
     in place (group j -> heads j*g ... j*g + g - 1, as hylo_bench.models.mamba2); unmappable tensors name the key."""
     py = _vllm_python()
@@ -311,10 +311,13 @@ def test_vllm_mamba2_weight_mapping(tmp_path):
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     res = json.loads(lines[-1].split(" ", 1)[1])
     z, x, b, c, dt = list(range(8)), [8, 9, 10, 11], [12, 13, 14, 15], list(range(16, 24)), list(range(24, 28))
-    widen = lambda r: r[0:2] * 2 + r[2:4] * 2  # noqa: E731  (groups of N = 2 rows, each twice in place)
+
+    def widen(r: list[int]) -> list[int]:  # groups of N = 2 rows, each repeated twice in place
+        return r[0:2] * 2 + r[2:4] * 2
+
     assert res["rows"] == z + widen(x) + widen(b) + c + dt
     assert res["bias"] == widen([0, 1, 2, 3]) + widen([4, 5, 6, 7]) + list(range(8, 16))
-    assert res["a"] == ["model.layers.0.mamba.A"]  # A_log goes through MambaMixer2's -exp loader
+    assert res["a"] == ["model.layers.0.mamba.A"]  # A_log -> A (MambaMixer2's loader stores -exp(A_log))
     assert "unknown Mamba-2 tensor 'model.layers.0.mamba.in_proj.bias'" in res["errs"][0]
     assert "'model.layers.0.mamba.conv1d.weight' has shape (16, 1, 3), expected (16, 1, 4)" in res["errs"][1]
     assert "'model.layers.0.ssm.D'" in res["errs"][2] and "mamba" in res["errs"][2]

@@ -1,4 +1,4 @@
-"""vLLM plugin for HyLo hybrids (MLA + Gated DeltaNet) built from vLLM's own layers.
+"""vLLM plugin for HyLo hybrids (MLA + Gated DeltaNet or Mamba-2) built from vLLM's own layers.
 
 Entry point ``vllm.general_plugins: hylo = hylo_bench.serving.vllm_plugin:register`` (pyproject.toml). vLLM
 calls :func:`register` in every process it starts (API server, engine core, workers). Importing this package
