@@ -57,8 +57,8 @@ def test_vllm_config_dict_mamba2_layout():
     d = vllm_config_dict(_toy_config(**_MAMBA))
     assert d["hylo_layer_types"] == ["mamba", "mla", "mamba", "mamba"] and d["hylo_linear_type"] == "mamba"
     # MambaMixer2 sizes: heads = groups = 4 (C per head), head dim = state = 16, so its norm group (64 / 4) is 16
-    assert (d["mamba_n_heads"], d["mamba_n_groups"], d["mamba_d_head"], d["mamba_d_state"]) == (4, 4, 16, 16)
-    assert (d["mamba_d_conv"], d["hylo_mamba_d_xb"], d["hylo_mamba_norm_eps"]) == (4, 32, 1e-5)
+    assert (d["mamba_num_heads"], d["n_groups"], d["mamba_head_dim"], d["ssm_state_size"]) == (4, 4, 16, 16)
+    assert (d["conv_kernel"], d["hylo_mamba_d_xb"], d["hylo_mamba_norm_eps"], d["use_conv_bias"]) == (4, 32, 1e-5, True)
     json.dumps(d)
 
 
@@ -271,7 +271,7 @@ _LOAD_MAMBA_PROBE = r"""
 import types, torch
 from hylo_bench.serving.vllm_plugin.model import HyLoForCausalLM
 # H 4 heads of N 2, d_xb 4 (2 groups -> heads [0, 0, 1, 1]), hidden 3, conv width 4
-cfg = types.SimpleNamespace(mamba_n_heads=4, mamba_d_state=2, mamba_d_head=2, hylo_mamba_d_xb=4, mamba_d_conv=4,
+cfg = types.SimpleNamespace(mamba_num_heads=4, ssm_state_size=2, mamba_head_dim=2, hylo_mamba_d_xb=4, conv_kernel=4,
                             hidden_size=3)
 me, got = types.SimpleNamespace(config=cfg), {}
 put = lambda name, w: got.__setitem__(name, w)

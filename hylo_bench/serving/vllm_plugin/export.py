@@ -13,9 +13,10 @@ vLLM reads the architecture from ``config.json``; a HyLo checkpoint's ``config.j
   ``QwenGatedDeltaNetAttention`` and by the plugin's ``IsHybrid`` classmethods, with HyLo's value head
   (expand_v * K) written as expand_v value heads of K dims (exact, see ``model.HyLoGatedDeltaNet``);
 - for Mamba-2 layouts (``linear_type = "mamba"``), the sizes vLLM's ``MambaMixer2`` is built with and its
-  ``IsHybrid`` classmethods read (``mamba_n_heads`` H, ``mamba_d_head`` = ``mamba_d_state`` N,
-  ``mamba_n_groups`` = H, ``mamba_d_conv`` W, ``mamba_chunk_size``) plus ``hylo_mamba_d_xb`` (HyLo's x / B
-  width, repeated to H heads at load, see ``model.HyLoForCausalLM.load_weights``) and ``hylo_mamba_norm_eps``;
+  ``IsHybrid`` classmethods read, in NemotronH names (vllm.md sec. 5.1): ``mamba_num_heads`` H,
+  ``mamba_head_dim`` = ``ssm_state_size`` N, ``n_groups`` = H, ``conv_kernel`` W, ``chunk_size``,
+  ``use_conv_bias``; plus ``hylo_mamba_d_xb`` (HyLo's x / B width, repeated to H heads at load, see
+  ``model.HyLoForCausalLM._load_mamba``) and ``hylo_mamba_norm_eps``;
 - ``hylo_layer_types`` (``"mla"`` / ``"gdn"`` / ``"mamba"`` per layer), ``hylo_linear_type``,
   ``hylo_num_kv_groups`` (n_kvm), ``hylo_gdn_norm_eps``, ``hylo_mla_rope_scaling``.
 
@@ -114,8 +115,9 @@ def vllm_config_dict(spec) -> dict[str, Any]:
         # d_xb are repeated to H heads at load), so vLLM's gated-norm group (E / n_groups = N) is HyLo's.
         m = spec.mamba_dims()
         cfg.update({
-            "mamba_n_heads": m["ngroups"], "mamba_d_head": m["d_state"], "mamba_d_state": m["d_state"],
-            "mamba_n_groups": m["ngroups"], "mamba_d_conv": m["d_conv"], "mamba_chunk_size": MAMBA_CHUNK_SIZE,
+            "mamba_num_heads": m["ngroups"], "mamba_head_dim": m["d_state"], "ssm_state_size": m["d_state"],
+            "n_groups": m["ngroups"], "conv_kernel": m["d_conv"], "chunk_size": MAMBA_CHUNK_SIZE,
+            "use_conv_bias": True,
             "hylo_mamba_d_xb": m["d_xb"], "hylo_mamba_norm_eps": MAMBA_NORM_EPS,
         })
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

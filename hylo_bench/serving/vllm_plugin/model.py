@@ -190,16 +190,16 @@ class HyLoGatedDeltaNet(QwenGatedDeltaNetAttention):
 
 
 def hylo_mamba2_mixer(config, vllm_config: VllmConfig, prefix: str) -> MambaMixer2:
-    """vLLM ``MambaMixer2`` sized for a HyLo Mamba-2 layer (export-vllm's ``mamba_*`` keys; module docstring).
+    """vLLM ``MambaMixer2`` sized for a HyLo Mamba-2 layer (export-vllm's NemotronH-named keys; module docstring).
 
     E = H * N (``intermediate_size``), conv bias on, no projection biases, SiLU conv activation, gated RMSNorm
     per group of N with HyLo's eps (``hylo_mamba_norm_eps``).
     """
     c = config
-    H, N = c.mamba_n_heads, c.mamba_d_state
-    return MambaMixer2(hidden_size=c.hidden_size, ssm_state_size=N, conv_kernel_size=c.mamba_d_conv,
-                       intermediate_size=H * c.mamba_d_head, use_conv_bias=True, use_bias=False,
-                       n_groups=c.mamba_n_groups, num_heads=H, head_dim=c.mamba_d_head,
+    H, N = c.mamba_num_heads, c.ssm_state_size
+    return MambaMixer2(hidden_size=c.hidden_size, ssm_state_size=N, conv_kernel_size=c.conv_kernel,
+                       intermediate_size=H * c.mamba_head_dim, use_conv_bias=True, use_bias=False,
+                       n_groups=c.n_groups, num_heads=H, head_dim=c.mamba_head_dim,
                        rms_norm_eps=getattr(c, "hylo_mamba_norm_eps", 1e-5), activation="silu", use_rms_norm=True,
                        model_config=vllm_config.model_config, cache_config=vllm_config.cache_config,
                        quant_config=vllm_config.quant_config, prefix=prefix)
@@ -308,8 +308,8 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
         tp = vllm_config.parallel_config.tensor_parallel_size
         if cls._is_mamba(vllm_config):  # same sizes as hylo_mamba2_mixer
             return MambaStateShapeCalculator.mamba2_state_shape(
-                tp, c.mamba_n_heads * c.mamba_d_head, c.mamba_n_groups, c.mamba_n_heads, c.mamba_d_head,
-                c.mamba_d_state, c.mamba_d_conv, n_spec)
+                tp, c.mamba_num_heads * c.mamba_head_dim, c.n_groups, c.mamba_num_heads, c.mamba_head_dim,
+                c.ssm_state_size, c.conv_kernel, n_spec)
         return MambaStateShapeCalculator.gated_delta_net_state_shape(
             tp, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
             c.linear_conv_kernel_dim, n_spec)
@@ -396,8 +396,8 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
                 shape that does not match the exported config.
         """
         c = self.config
-        H, N, X = c.mamba_n_heads, c.mamba_d_state, c.hylo_mamba_d_xb
-        E, W = H * c.mamba_d_head, c.mamba_d_conv
+        H, N, X = c.mamba_num_heads, c.ssm_state_size, c.hylo_mamba_d_xb
+        E, W = H * c.mamba_head_dim, c.conv_kernel
         if attr != "mamba":
             raise ValueError(f"HyLo vLLM plugin: {name!r}: a Mamba-2 layer's tensors live under "
                              "'model.layers.{i}.mamba.*' (checkpoint-format.md sec. 4.5)")
@@ -414,7 +414,7 @@ class HyLoForCausalLM(nn.Module, HasInnerState, IsHybrid):
                              f"{', '.join(expected)}}})")
         if tuple(w.shape) != expected[rest]:
             raise ValueError(f"HyLo vLLM plugin: {name!r} has shape {tuple(w.shape)}, expected {expected[rest]} "
-                             f"from the exported config (mamba_n_heads {H}, mamba_d_state {N}, hylo_mamba_d_xb "
+                             f"from the exported config (mamba_num_heads {H}, ssm_state_size {N}, hylo_mamba_d_xb "
                              f"{X}); re-run export-vllm on this checkpoint")
         if rest == "in_proj.weight":
             z, x, b, cc, dt = w.split([E, X, X, E, H], dim=0)
