@@ -161,11 +161,11 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
         train_log.start_stage(opts.stage_index, stage.name, start)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-               TextColumn("{task.fields[tps]:>8.0f} tok/s"), TextColumn("{task.fields[mfu]}"),
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(bar_width=12),
+               TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[tps]:>6.0f} tok/s"),
                TextColumn(("KL" if stage.kind == "kd" else "loss") + " {task.fields[loss]:.4f}"),
-               TextColumn("lr {task.fields[lr]:.2e}"), TextColumn("{task.fields[mem]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
+               TimeRemainingColumn(), TextColumn("{task.fields[mfu]}"), TextColumn("lr {task.fields[lr]:.1e}"),
+               TextColumn("{task.fields[mem]}"), TimeElapsedColumn()]
     with Progress(*columns, transient=False, disable=rank != 0) as progress:
         bar = progress.add_task(stage.name, total=total_steps, completed=start, tps=0.0, loss=float("nan"), lr=0.0,
                                 mfu="", mem="")
