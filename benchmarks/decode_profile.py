@@ -82,8 +82,6 @@ def breakdown(events: list[tuple[str, float]], steps: int) -> dict:
 
 def gemv_records(model, bw: float, device: str, dtype) -> list[dict]:
     """Each distinct decode GEMV shape alone (x [1, D] @ W^T), timed over a CUDA graph of 50 calls."""
-    from hylo_bench.serving.fused import merge_linears  # noqa: F401 - shapes below mirror its merges
-
     cfg = model.config
     layers = model.model.layers
     gdn = next(layer.mixer for layer in layers if layer.mixer_type == "gdn")

@@ -113,8 +113,10 @@ def profile_breakdown(prof, device_type: str) -> dict:
     out = {k: 0.0 for k, _ in PROFILE_GROUPS} | {"prof_other_s": 0.0, "prof_kernel_s": 0.0}
     if device_type != "cuda":
         return out
+    import torch
+
     for e in prof.events():
-        if e.device_type != torch_device_type_cuda():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         t = e.time_range.elapsed_us() / 1e6
         name = e.name.lower()
@@ -122,12 +124,6 @@ def profile_breakdown(prof, device_type: str) -> dict:
         out[key] += t
         out["prof_kernel_s"] += t
     return out
-
-
-def torch_device_type_cuda():
-    import torch
-
-    return torch.autograd.DeviceType.CUDA
 
 
 def child_main(args) -> None:

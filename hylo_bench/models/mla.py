@@ -59,14 +59,14 @@ class MLA(nn.Module):
             self.k_norm = LlamaRMSNorm(self.qk_dim, eps=c.rms_norm_eps)
         self.rotary = MLARotary(self.rope_dim, c.mla_rope_theta, c.mla_rope_scaling)
 
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "q_proj"):
-            q = self.q_proj(x)
-        else:
-            c_q = self.q_a_proj(x)
-            if hasattr(self, "q_a_layernorm"):
-                c_q = self.q_a_layernorm(c_q)
-            q = self.q_b_proj(c_q)
+    def _queries(self, x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] -> q [B, H, T, N + R]. ``first``: ``q_proj(x)`` / ``q_a_proj(x)`` when already computed (the
+        serving engine's merged GEMV)."""
+        if first is None:
+            first = (self.q_proj if hasattr(self, "q_proj") else self.q_a_proj)(x)
+        q = first
+        if not hasattr(self, "q_proj"):
+            q = self.q_b_proj(self.q_a_layernorm(first) if hasattr(self, "q_a_layernorm") else first)
         return q.unflatten(-1, (self.num_heads, self.qk_dim)).transpose(1, 2)  # [B, H, T, N + R]
 
     def _expand_kv(self, c_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

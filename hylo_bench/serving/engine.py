@@ -328,15 +328,10 @@ class Engine(_EngineBase):
         self.graph_error: str | None = None
         self.compiled = compile
         self._step_fn = self._step
-        if compile and compile_options is not None:
-            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, options=compile_options,
-                                          backend=compile_backend)
-            logger.info("decode step compiled with torch.compile (options %s, backend %s)", compile_options,
-                        compile_backend)
-        elif compile:
-            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode,
-                                          backend=compile_backend)
-            logger.info("decode step compiled with torch.compile (mode %s, backend %s)", mode, compile_backend)
+        if compile:
+            how = {"options": compile_options} if compile_options is not None else {"mode": mode}
+            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, backend=compile_backend, **how)
+            logger.info("decode step compiled with torch.compile (%s, backend %s)", how, compile_backend)
 
     def cache_bytes(self) -> dict[str, int]:
         """Bytes allocated for caches: ``{"mla_latent", "mla_key_scale", "linear_state"}``."""

@@ -131,13 +131,7 @@ class MLAServing:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, D] -> (q_nope [B, H, T, N], rotated q_pe [B, H, T, P]) with the q norm applied. ``first``: the
         query's first projection of x when already computed (merged GEMV)."""
-        m = self.m
-        if first is None:
-            q = m._queries(x)
-        else:
-            if not hasattr(m, "q_proj"):
-                first = m.q_b_proj(m.q_a_layernorm(first) if hasattr(m, "q_a_layernorm") else first)
-            q = first.unflatten(-1, (m.num_heads, m.qk_dim)).transpose(1, 2)
+        q = self.m._queries(x, first)
         if self.qk_norm:
             q = self.m.q_norm(q)
         return q[..., : self.N], rope_interleaved(q[..., self.N:], cos[:, None], sin[:, None])

@@ -84,6 +84,13 @@ def _save_resume_dcp(path: Path, student, opt, step: int, result: StageResult, c
     dist_utils.save_checkpoint(path, student, opt, progress, ctx)
 
 
+def _mfu(tokens_per_s: float, opts: StageOptions, n_devices: int) -> float | None:
+    """Model FLOPs utilisation over ``n_devices`` x ``opts.peak_flops``; None when FLOPs or peak are unknown."""
+    if not (opts.flops_per_token and opts.peak_flops):
+        return None
+    return tokens_per_s * opts.flops_per_token / (opts.peak_flops * n_devices)
+
+
 def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: StageResult, *, loss: float, lr: float,
               grad_norm: float, tokens_per_s: float, step_time_s: float, terms: dict, device: torch.device,
               memory: tuple[int, str] | None = None, n_devices: int = 1) -> None:
@@ -93,8 +100,7 @@ def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: Sta
     ``tokens_per_s`` (MFU is over their summed peak).
     """
     mem, mem_kind = memory if memory is not None else peak_memory_bytes(device)
-    mfu = tokens_per_s * opts.flops_per_token / (opts.peak_flops * n_devices) \
-        if opts.flops_per_token and opts.peak_flops else None
+    mfu = _mfu(tokens_per_s, opts, n_devices)
     train_log.log({"stage": stage.name, "stage_index": opts.stage_index, "kind": stage.kind, "step": result.steps,
                    "tokens_seen": result.tokens_seen, "loss": loss, "kl": loss if stage.kind == "kd" else None,
                    "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
@@ -216,8 +222,7 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                 _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
                           grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device,
                           memory=memory, n_devices=world)
-            mfu = tps * opts.flops_per_token / (opts.peak_flops * world) \
-                if opts.flops_per_token and opts.peak_flops else None
+            mfu = _mfu(tps, opts, world)
             peak_gib = result.peak_memory_gib if result.peak_memory_gib is not None else \
                 peak_memory_bytes(device)[0] / 2 ** 30
             progress.update(bar, completed=step + 1, tps=tps, loss=loss_sum, lr=opt.param_groups[0]["lr"],
