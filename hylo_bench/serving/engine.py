@@ -279,8 +279,8 @@ class Engine(_EngineBase):
             per batch size compiles (tens of seconds to minutes).
         compile_mode: ``torch.compile`` mode (default "default": Inductor fuses the element-wise kernels, the GEMVs
             stay cuBLAS calls; the engine captures its own CUDA graph). On the H200 at 64K this beat
-            "max-autotune-no-cudagraphs" (38.1 % vs 37.5 % of the bandwidth bound) and compiles in about 50 s instead
-            of 110 s. compile_backend: ``torch.compile`` backend (default "inductor").
+            "max-autotune-no-cudagraphs" (38.1 % vs 37.5 % of the bandwidth bound) and sets up (compile included) in
+            about 45 s instead of 105-165 s. compile_backend: ``torch.compile`` backend (default "inductor").
         compile_options: Inductor options instead of a mode (e.g. ``{"max_autotune": True,
             "coordinate_descent_tuning": False}``: autotuned GEMMs without turning batch-1 GEMVs into reductions).
         merge_projections: per layer, read the projections that share an input with one GEMV (GDN q/k/v/a/b/g, MLA
