@@ -18,7 +18,7 @@ Usage (one H200, about 5 minutes; compile + autotune dominate)::
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
 import time
 from pathlib import Path
@@ -185,14 +185,15 @@ def main() -> None:
                 tok = torch.zeros(1, dtype=torch.long, device=device)
                 pos = torch.full((1,), T, dtype=torch.long, device=device)
                 with torch.inference_mode():
-                    events, wall, prof = profile_steps(lambda: engine._decode(tok, pos), args.profile_steps, device)
+                    events, wall, _ = profile_steps(functools.partial(engine._decode, tok, pos), args.profile_steps,
+                                                    device)
                 parts, top = breakdown(events, args.profile_steps)
                 rec.update(parts, profiled_wall_per_step_s=wall,
                            uncovered_per_step_s=max(0.0, timings.tpot_s - parts["kernel_time_per_step_s"]))
                 if not events and device != "cpu":  # graph kernels not traced: profile the step outside the graph
                     with torch.inference_mode():
-                        events, _, prof = profile_steps(lambda: engine._step_fn(tok, pos), args.profile_steps,
-                                                        device)
+                        events, _, _ = profile_steps(functools.partial(engine._step_fn, tok, pos),
+                                                     args.profile_steps, device)
                     parts, top = breakdown(events, args.profile_steps)
                     rec.update({f"nograph_{k}": v for k, v in parts.items()})
                 tables.append(f"== {variant} @ {T} tokens: tpot {timings.tpot_s * 1e3:.3f} ms, kernels "

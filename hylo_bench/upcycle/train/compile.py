@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
