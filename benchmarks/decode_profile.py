@@ -80,8 +80,14 @@ def breakdown(events: list[tuple[str, float]], steps: int) -> dict:
     return rec, top
 
 
-def gemv_records(model, bw: float, device: str, dtype) -> list[dict]:
-    """Each distinct decode GEMV shape alone (x [1, D] @ W^T), timed over a CUDA graph of 50 calls."""
+ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merged_gate_up", "mlp_down", "lm_head")
+
+
+def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton")) -> list[dict]:
+    """Each distinct decode GEMV shape alone, timed over a CUDA graph of 50 calls that cycle through enough copies
+    of the weight (>= 256 MB in all) that none is read from L2. Back ends: "cublas" (``F.linear``) and "triton"
+    (:func:`hylo_bench.kernels.gemv.fused_gemv` with the prologue / epilogue the engine fuses into that GEMV: RMSNorm
+    into the first projections, gate_up and lm_head; the residual add into o / out; SwiGLU + residual into down)."""
     cfg = model.config
     layers = model.model.layers
     gdn = next(layer.mixer for layer in layers if layer.mixer_type == "gdn")
@@ -89,47 +95,70 @@ def gemv_records(model, bw: float, device: str, dtype) -> list[dict]:
     mlp = layers[0].mlp
     D = cfg.hidden_size
     first = mla.q_proj if hasattr(mla, "q_proj") else mla.q_a_proj
+    norm, res, glu = "norm", "res", "glu+res"
     shapes = {
-        "gdn_q_or_k": tuple(gdn.q_proj.weight.shape), "gdn_v_or_g": tuple(gdn.v_proj.weight.shape),
-        "gdn_merged_in": (2 * gdn.key_dim + 2 * gdn.value_dim + 2 * gdn.num_heads, D),
-        "gdn_o": tuple(gdn.o_proj.weight.shape), "mla_first_q": tuple(first.weight.shape),
-        "mla_kv_a": tuple(mla.kv_a_proj_with_mqa.weight.shape),
-        "mla_merged_in": (first.weight.shape[0] + mla.kv_a_proj_with_mqa.weight.shape[0], D),
-        "mla_out": tuple(mla.out_proj.weight.shape), "mlp_gate_or_up": tuple(mlp.gate_proj.weight.shape),
-        "mlp_merged_gate_up": (2 * mlp.gate_proj.weight.shape[0], D), "mlp_down": tuple(mlp.down_proj.weight.shape),
-        "lm_head": tuple(model.lm_head.weight.shape),
+        "gdn_q_or_k": (tuple(gdn.q_proj.weight.shape), norm), "gdn_v_or_g": (tuple(gdn.v_proj.weight.shape), norm),
+        "gdn_merged_in": ((2 * gdn.key_dim + 2 * gdn.value_dim + 2 * gdn.num_heads, D), norm),
+        "gdn_o": (tuple(gdn.o_proj.weight.shape), res), "mla_first_q": (tuple(first.weight.shape), norm),
+        "mla_kv_a": (tuple(mla.kv_a_proj_with_mqa.weight.shape), norm),
+        "mla_merged_in": ((first.weight.shape[0] + mla.kv_a_proj_with_mqa.weight.shape[0], D), norm),
+        "mla_out": (tuple(mla.out_proj.weight.shape), res),
+        "mlp_gate_or_up": (tuple(mlp.gate_proj.weight.shape), norm),
+        "mlp_merged_gate_up": ((2 * mlp.gate_proj.weight.shape[0], D), norm),
+        "mlp_down": (tuple(mlp.down_proj.weight.shape), glu), "lm_head": (tuple(model.lm_head.weight.shape), norm),
     }
     recs = []
-    for name, (n_out, n_in) in shapes.items():
-        w = torch.randn(n_out, n_in, device=device, dtype=dtype)
-        x = torch.randn(1, 1, n_in, device=device, dtype=dtype)
-        reps = 50 if device != "cpu" else 2
-        for _ in range(3):
-            F.linear(x, w)
-        if device != "cpu":
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    F.linear(x, w)
-            g.replay()
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            t = e0.elapsed_time(e1) / 1e3 / reps
-        else:
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                F.linear(x, w)
-            t = (time.perf_counter() - t0) / reps
-        nbytes = w.numel() * w.element_size()
-        recs.append({"kind": "gemv", "name": name, "out_features": n_out, "in_features": n_in,
-                     "time_us": t * 1e6, "weight_bytes": nbytes, "gb_per_s": nbytes / t / 1e9,
-                     "fraction_of_copy_bandwidth": nbytes / t / bw, "status": "ok"})
-        del w, x
+    for name, ((n_out, n_in), fuse) in shapes.items():
+        nbytes = n_out * n_in * torch.finfo(dtype).bits // 8
+        copies = max(2, -(-2 ** 28 // nbytes)) if device != "cpu" else 1
+        ws = [torch.randn(n_out, n_in, device=device, dtype=dtype) for _ in range(copies)]
+        x = torch.randn(1, 1, 2 * n_in if fuse == glu else n_in, device=device, dtype=dtype)
+        nw = torch.rand(n_in, device=device, dtype=dtype) + 0.5
+        r = torch.randn(1, 1, n_out, device=device, dtype=dtype)
+        for backend in backends:
+            if backend == "cublas":
+                xin = x[..., :n_in]
+                fn = functools.partial(F.linear, xin)
+            else:
+                if device == "cpu" or name not in ENGINE_SHAPES:
+                    continue
+                from hylo_bench.kernels.gemv import fused_gemv
+
+                fn = functools.partial(fused_gemv, x, norm_weight=nw if fuse == norm else None, glu=fuse == glu,
+                                       residual=r if fuse != norm else None, backend="triton")
+            reps = 50 if device != "cpu" else 2
+            try:
+                for w in ws[:3]:
+                    fn(w)
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for i in range(reps):
+                            fn(ws[i % copies])
+                    g.replay()
+                    torch.cuda.synchronize()
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    g.replay()
+                    e1.record()
+                    torch.cuda.synchronize()
+                    t = e0.elapsed_time(e1) / 1e3 / reps
+                    del g
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        fn(ws[0])
+                    t = (time.perf_counter() - t0) / reps
+                rec = {"time_us": t * 1e6, "gb_per_s": nbytes / t / 1e9, "fraction_of_copy_bandwidth": nbytes / t / bw,
+                       "status": "ok"}
+            except Exception as exc:  # noqa: BLE001 - recorded, next shape
+                rec = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+            recs.append({"kind": "gemv", "name": name, "backend": backend,
+                         "fused": fuse if backend == "triton" else "none", "out_features": n_out,
+                         "in_features": n_in, "weight_bytes": nbytes, **rec})
+            print(recs[-1], flush=True)
+        del ws, x
     free()
     return recs
 
@@ -141,10 +170,12 @@ def main() -> None:
     ap.add_argument("--variants", default="merged-default,unmerged-maxautotune",
                     help="engine variants, comma-separated: {merged,unmerged}-{maxautotune,default,autotune,eager}: "
                          "projections merged or not; torch.compile mode max-autotune-no-cudagraphs, default, "
-                         "max_autotune without coordinate-descent GEMV decomposition, or no compile")
+                         "max_autotune without coordinate-descent GEMV decomposition, or no compile; suffix +gemv: "
+                         "the fused Triton GEMVs (Engine(gemv_backend='triton'))")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
+    ap.add_argument("--no-gemv-records", action="store_true", help="skip the per-shape GEMV timings")
     ap.add_argument("--table", type=Path, default=None, help="write the top kernels of each profile here")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
     args = ap.parse_args()
@@ -160,22 +191,26 @@ def main() -> None:
         contexts = [64, 256]
     bw = copy_bandwidth(device)
     env.update(model=info["name"], layout=info["layout"], copy_bandwidth_gb_per_s=bw / 1e9)
-    env["records"] += gemv_records(model, bw, device, dtype)
+    if not args.no_gemv_records:
+        env["records"] += gemv_records(model, bw, device, dtype)
     write_result(args.out, env)
     tables = []
     cap = max(contexts) + args.steps + 16
     for variant in args.variants.split(","):
-        how, _, flavour = variant.partition("-")
+        variant_base, _, extra = variant.partition("+")
+        how, _, flavour = variant_base.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
+        gemv = "triton" if extra == "gemv" else "torch"
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
             {"compile_options": {"max_autotune": True, "coordinate_descent_tuning": False}} if flavour == "autotune" \
             else {"compile_mode": "default"}
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
-                        merge_projections=merged, **({} if args.smoke else kw))
+                        merge_projections=merged, gemv_backend=gemv, **({} if args.smoke else kw))
         for T in contexts:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
-                   "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu"}
+                   "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
+                   "gemv_backend": gemv}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

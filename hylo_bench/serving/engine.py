@@ -23,8 +23,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.serving.fused import merge_mlp, mlp_forward
+from hylo_bench.kernels.gemv import GEMV_BACKENDS
+from hylo_bench.serving.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.serving.linear_layer import LinearServing
 from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
 
@@ -289,16 +291,24 @@ class Engine(_EngineBase):
             under a "max-autotune" compile mode, whose coordinate-descent tuning turns batch-1 GEMVs into fused
             Triton reductions that ran faster unmerged (H200, 64K: 36.8 % vs 34.9 % of the bandwidth bound; with
             cuBLAS GEMVs merging won, 30.8 % vs 26.7 %; ``benchmarks/results/decode_profile_run*.json``).
+        gemv_backend: "torch" (default: ``F.linear`` / cuBLAS, the element-wise work around it left to Inductor) or
+            "triton": decode GEMVs on :func:`hylo_bench.kernels.gemv.fused_gemv`'s Triton kernel with the layer's
+            RMSNorms, SwiGLU, residual adds and the final norm fused into them (:mod:`hylo_bench.serving.fused`):
+            per layer 4 GEMV kernels and no separate norm / activation / add kernels. Needs merged projections;
+            layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the torch path for
+            that part. CUDA batches of at most 16 sequences (larger ones and CPU take the torch reference).
 
     Raises:
-        ValueError: not a HyLo model (use :class:`TransformerEngine`), or non-positive sizes.
+        ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
+            or "triton" without merged projections.
         torch.cuda.OutOfMemoryError: the caches do not fit.
     """
 
     def __init__(self, model, max_batch: int, max_context: int, prefill_chunk: int = 8192, *,
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
-                 compile_options: dict | None = None, merge_projections: bool | None = None):
+                 compile_options: dict | None = None, merge_projections: bool | None = None,
+                 gemv_backend: str = "torch"):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -312,6 +322,12 @@ class Engine(_EngineBase):
         if merge_projections is None:
             merge_projections = not (compile and compile_options is None and mode.startswith("max-autotune"))
         self.merged_projections = merge_projections
+        if gemv_backend not in GEMV_BACKENDS:
+            raise ValueError(f"gemv_backend={gemv_backend!r}; expected one of {GEMV_BACKENDS}")
+        if gemv_backend == "triton" and not merge_projections:
+            raise ValueError("gemv_backend='triton' fuses norms into the merged projections: it needs "
+                             "merge_projections=True (or None with a non-max-autotune compile mode)")
+        self.gemv_backend = gemv_backend
         self.mixers, self.slots = [], []
         for layer in self.layers:
             if layer.mixer_type == "mla":
@@ -324,6 +340,10 @@ class Engine(_EngineBase):
             self.mixers.append(srv)
             self.slots.append(slot)
         self.merged_mlps = [merge_mlp(layer.mlp) if merge_projections else None for layer in self.layers]
+        self.fused = [self._fusable(i) for i in range(len(self.layers))] if gemv_backend == "triton" else None
+        head = self.model.lm_head
+        self.fused_head = gemv_backend == "triton" and getattr(head, "bias", None) is None and isinstance(
+            self.model.model.norm, LlamaRMSNorm)
         self._graphs: dict[int, tuple] = {}
         self.graph_error: str | None = None
         self.compiled = compile
@@ -362,8 +382,37 @@ class Engine(_EngineBase):
         for t in self._linear_tensors():
             t.zero_()
 
+    def _fusable(self, i: int) -> tuple[bool, bool]:
+        """(mixer, MLP) of layer i can take the fused Triton GEMVs: merged, bias-free, LlamaRMSNorm, SiLU."""
+        layer, srv, mlp = self.layers[i], self.mixers[i], self.layers[i].mlp
+        out = layer.mixer.out_proj if isinstance(srv, MLAServing) else getattr(layer.mixer, "o_proj", None)
+        mixer = (srv.merged is not None and out is not None and out.bias is None
+                 and isinstance(layer.input_layernorm, LlamaRMSNorm))
+        mlp_ok = (self.merged_mlps[i] is not None and mlp.down_proj.bias is None
+                  and getattr(self.model.config, "hidden_act", None) in ("silu", "swish")
+                  and isinstance(layer.post_attention_layernorm, LlamaRMSNorm))
+        return mixer, mlp_ok
+
+    def _fused_decode_layer(self, i: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i for one decode token on the fused Triton GEMVs (``gemv_backend="triton"``)."""
+        layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
+        fuse_mixer, fuse_mlp = self.fused[i]
+        slot = slot if isinstance(srv, MLAServing) else self._rows(slot, h.shape[0])
+        if fuse_mixer:
+            h = srv.decode(h, slot, pos, Prologue(layer.input_layernorm, h)) if isinstance(srv, MLAServing) \
+                else srv.decode(h, slot, Prologue(layer.input_layernorm, h))
+        else:
+            x = layer.input_layernorm(h)
+            h = h + (srv.decode(x, slot, pos) if isinstance(srv, MLAServing) else srv.decode(x, slot))
+        if not fuse_mlp:
+            return h + mlp_forward(layer.mlp, self.merged_mlps[i], layer.post_attention_layernorm(h))
+        gate_up = project(h, self.merged_mlps[i].weight, Prologue(layer.post_attention_layernorm))
+        return project(gate_up, layer.mlp.down_proj.weight, Prologue(residual=h), glu=True)
+
     def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None) -> torch.Tensor:
         """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B]."""
+        if pos is not None and self.fused is not None:
+            return self._fused_decode_layer(i, h, pos)
         layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
         x = layer.input_layernorm(h)
         if isinstance(srv, MLAServing):
@@ -387,6 +436,8 @@ class Engine(_EngineBase):
         return state if B == self.max_batch else map_state(state, lambda t: t[:B])
 
     def _lm_logits(self, hidden_B1D: torch.Tensor) -> torch.Tensor:
+        if self.fused_head:  # final norm in the lm_head GEMV's prologue
+            return project(hidden_B1D, self.model.lm_head.weight, Prologue(self.model.model.norm))
         return self.model.lm_head(self.model.model.norm(hidden_B1D))
 
     def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,11 @@ merges, per layer:
 - MLA: ``q_proj`` (or ``q_a_proj``) and ``kv_a_proj_with_mqa``;
 - MLP: ``gate_proj`` and ``up_proj``.
 
+With ``Engine(gemv_backend="triton")`` the decode step also folds the element-wise work around these GEMVs into
+them (:func:`hylo_bench.kernels.gemv.fused_gemv`): the layer's RMSNorm into the first projections' prologue,
+SwiGLU into ``down_proj``'s, the residual adds into ``o_proj`` / ``out_proj`` / ``down_proj``'s epilogues, the
+final norm into the ``lm_head``'s (:class:`Prologue`, :func:`project`).
+
 No weight is copied for good: :func:`merge_linears` concatenates the weights once and rebinds every original
 ``weight`` as a row view of the merged buffer, so the model keeps its values, its parameters and its memory size
 (the originals are freed). Linears with a bias, or with different input sizes, dtypes or devices, are left alone.
@@ -23,6 +28,34 @@ import torch.nn.functional as F
 from torch import nn
 
 
+@dataclass(frozen=True, eq=False)
+class Prologue:
+    """How a decode step's fused GEMVs treat their input.
+
+    Attributes:
+        norm: the ``LlamaRMSNorm`` (``weight``, ``variance_epsilon``) the first GEMV applies to its input, or None
+            (the input is already normalised).
+        residual: [..., N] added to the output (the decoder layer's residual stream), or None.
+    """
+
+    norm: nn.Module | None = None
+    residual: torch.Tensor | None = None
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, fused: Prologue | None = None, glu: bool = False) -> torch.Tensor:
+    """``x @ weight.T``; with ``fused`` (or ``glu``) through the Triton GEMV with ``fused.norm`` as prologue (or
+    SwiGLU over x = [gate ; up]) and ``fused.residual`` as epilogue (:func:`hylo_bench.serving.ops.fused_gemv_op`).
+    x [..., K] (or [..., 2K]) -> [..., N]."""
+    if fused is None and not glu:
+        return F.linear(x, weight)
+    from hylo_bench.serving.ops import fused_gemv_op
+
+    norm = fused.norm if fused is not None else None
+    return fused_gemv_op(x, weight, norm_weight=None if norm is None else norm.weight,
+                         eps=1e-6 if norm is None else norm.variance_epsilon, glu=glu,
+                         residual=None if fused is None else fused.residual)
+
+
 @dataclass
 class MergedLinear:
     """Weights of several linears with one input, stacked by output rows.
@@ -35,9 +68,11 @@ class MergedLinear:
     weight: torch.Tensor
     splits: tuple[int, ...]
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [..., D] -> one tensor [..., out_i] per original linear (views of one GEMM output)."""
-        return F.linear(x, self.weight).split(self.splits, dim=-1)
+    def __call__(self, x: torch.Tensor, norm: nn.Module | None = None) -> tuple[torch.Tensor, ...]:
+        """x [..., D] -> one tensor [..., out_i] per original linear (views of one GEMM output). ``norm``: an
+        ``LlamaRMSNorm`` not yet applied to x, fused into the Triton GEMV's prologue."""
+        y = F.linear(x, self.weight) if norm is None else project(x, self.weight, Prologue(norm))
+        return y.split(self.splits, dim=-1)
 
 
 def merge_linears(linears: list[nn.Linear]) -> MergedLinear | None:

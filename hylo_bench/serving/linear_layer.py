@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hylo_bench.models.cache import map_state
-from hylo_bench.serving.fused import merge_linears
+from hylo_bench.serving.fused import Prologue, merge_linears, project
 from hylo_bench.serving.ops import gdn_decode_step
 
 logger = logging.getLogger(__name__)
@@ -95,15 +95,24 @@ class LinearServing:
         _copy_state(state, new)
         return out
 
-    def decode(self, x: torch.Tensor, state) -> torch.Tensor:
-        """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation."""
+    def decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
+        """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation.
+
+        ``fused`` (GDN with merged projections only): x is the residual stream, normalised by ``fused.norm`` in the
+        merged GEMV's prologue, and ``o_proj`` adds ``fused.residual`` (:mod:`hylo_bench.serving.fused`).
+
+        Raises:
+            ValueError: ``fused`` for a Mamba-2 mixer or without merged projections.
+        """
         if self.kind == "gdn":
-            return self._gdn_decode(x, state)
+            return self._gdn_decode(x, state, fused)
+        if fused is not None:
+            raise ValueError("fused decode GEMVs serve GDN mixers with merged projections only")
         out, new = self.m(x, state=state, use_cache=True)
         _copy_state(state, new)
         return out
 
-    def _gdn_decode(self, x: torch.Tensor, state) -> torch.Tensor:
+    def _gdn_decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """The T == 1 path of ``GatedDeltaNet.forward`` with the recurrence on the selected back end.
 
         The 4-tap depthwise conv is written as a multiply-sum in float32 (float64 for float64 models), rounded to
@@ -112,8 +121,10 @@ class LinearServing:
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim
+        if fused is not None and self.merged is None:
+            raise ValueError("fused decode GEMVs need merged projections (LinearServing(merge_projections=True))")
         if self.merged is not None:
-            q_in, k_in, v_in, a_in, b_in, gate = self.merged(x)
+            q_in, k_in, v_in, a_in, b_in, gate = self.merged(x, None if fused is None else fused.norm)
         else:
             q_in, k_in, v_in, a_in, b_in, gate = (p(x) for p in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj,
                                                                   m.g_proj))
@@ -128,5 +139,7 @@ class LinearServing:
         g = -m.A_log.to(dt).exp() * F.softplus(a_in.to(dt) + m.dt_bias.to(dt))
         beta = b_in.to(dt).sigmoid()
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
-        o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd))
-        return m.o_proj(o.reshape(B, 1, H * Vd))
+        o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
+        if fused is not None:
+            return project(o, m.o_proj.weight, Prologue(residual=fused.residual))
+        return m.o_proj(o)

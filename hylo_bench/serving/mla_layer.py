@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from hylo_bench.kernels.mla_decode import select_mla_decode_backend
-from hylo_bench.serving.fused import merge_linears
+from hylo_bench.serving.fused import Prologue, merge_linears, project
 from hylo_bench.serving.ops import mla_decode_op
 
 logger = logging.getLogger(__name__)
@@ -120,11 +120,11 @@ class MLAServing:
         f = positions.to(torch.float32)[..., None] * self.inv_freq
         return f.cos() * self.mscale, f.sin() * self.mscale
 
-    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _projections(self, x: torch.Tensor, norm=None) -> tuple[torch.Tensor | None, torch.Tensor]:
         """x [B, T, D] -> (first query projection [B, T, H*(N+P)] or [B, T, q_lora_rank], or None when the
-        projections are not merged; kv_a output [B, T, R + P])."""
+        projections are not merged; kv_a output [B, T, R + P]). ``norm``: RMSNorm fused into the merged GEMV."""
         if self.merged is not None:
-            return self.merged(x)
+            return self.merged(x, norm)
         return None, self.m.kv_a_proj_with_mqa(x)
 
     def _queries(self, x: torch.Tensor, cos, sin, first: torch.Tensor | None = None
@@ -192,19 +192,28 @@ class MLAServing:
                                              enable_gqa=gqa)
         return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
 
-    def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor,
+               fused: Prologue | None = None) -> torch.Tensor:
         """One token per sequence in absorbed-weight form (§6): writes its cache row at ``positions`` and attends
         over rows ``0 .. positions[b]`` through :func:`mla_decode`. No host synchronisation (graph-capturable).
 
         Args:
-            x: [B, 1, D] normalised layer input. slot: this layer's cache. positions: [B] int64 on x's device.
+            x: [B, 1, D] normalised layer input (with ``fused``: the residual stream, normalised by ``fused.norm``
+                inside the merged GEMV). slot: this layer's cache. positions: [B] int64 on x's device.
+            fused: Triton GEMVs with ``fused.norm`` as the merged projection's prologue and ``fused.residual``
+                added by ``out_proj`` (needs merged projections; :mod:`hylo_bench.serving.fused`).
 
         Returns:
-            [B, 1, D] mixer output.
+            [B, 1, D] mixer output (plus ``fused.residual`` with ``fused``).
+
+        Raises:
+            ValueError: ``fused`` without merged projections.
         """
         B = x.shape[0]
+        if fused is not None and self.merged is None:
+            raise ValueError("fused decode GEMVs need merged projections (MLAServing(merge_projections=True))")
         cos, sin = self._cos_sin(positions[:, None])
-        first, lat = self._projections(x)
+        first, lat = self._projections(x, None if fused is None else fused.norm)
         q_nope, q_pe = self._queries(x, cos, sin, first)  # [B, H, 1, N], [B, H, 1, P]
         rows, ks = self._new_rows(lat, cos, sin)  # [B, 1, R + P], [B, 1, G]
         b_idx = torch.arange(B, device=x.device)
@@ -216,4 +225,7 @@ class MLAServing:
         o_lat = mla_decode_op(q_lat.flatten(1, 2), q_pe[:, :, 0], slot.latent[:B], positions + 1, scale=self.m.scale,
                               key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
         o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
-        return self.m.out_proj(o.reshape(B, 1, self.H * self.V))
+        o = o.reshape(B, 1, self.H * self.V)
+        if fused is not None:
+            return project(o, self.m.out_proj.weight, Prologue(residual=fused.residual))
+        return self.m.out_proj(o)

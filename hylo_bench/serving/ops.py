@@ -7,13 +7,15 @@ convolutions) into a few; the Triton MLA decode kernel and fla's recurrent GDN s
 Ops (namespace ``hylo``):
 - ``hylo::mla_decode``: :func:`hylo_bench.kernels.mla_decode.mla_decode` with a resolved back end.
 - ``hylo::gdn_decode_step``: one gated-delta-rule token, the recurrent state updated in place.
+- ``hylo::fused_gemv``: :func:`hylo_bench.kernels.gemv.fused_gemv` on its Triton back end (RMSNorm / SwiGLU
+  prologue, residual epilogue).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["gdn_decode_step", "mla_decode_op"]
+__all__ = ["fused_gemv_op", "gdn_decode_step", "mla_decode_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
@@ -117,3 +119,30 @@ def gdn_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     if torch.compiler.is_compiling():
         return torch.ops.hylo.gdn_decode_step(q, k, v, g, beta, state, backend)
     return _impl_gdn(q, k, v, g, beta, state, backend)
+
+
+def _impl_gemv(x, weight, norm_weight, eps, glu, residual):
+    from hylo_bench.kernels.gemv import fused_gemv
+
+    return fused_gemv(x, weight, norm_weight=norm_weight, eps=eps, glu=glu, residual=residual, backend="triton")
+
+
+@torch.library.custom_op("hylo::fused_gemv", mutates_args=())
+def _fused_gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, glu: bool,
+                residual: torch.Tensor | None) -> torch.Tensor:
+    return _impl_gemv(x, weight, norm_weight, eps, glu, residual)
+
+
+@_fused_gemv.register_fake
+def _(x, weight, norm_weight, eps, glu, residual):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def fused_gemv_op(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+                  eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + prologue(x) @ weight.T`` on the Triton GEMV (CUDA, <= 16 rows; the torch reference otherwise):
+    arguments and result as :func:`hylo_bench.kernels.gemv.fused_gemv`, through the ``hylo::fused_gemv`` op while
+    ``torch.compile`` traces, directly otherwise."""
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.fused_gemv(x, weight, norm_weight, eps, glu, residual)
+    return _impl_gemv(x, weight, norm_weight, eps, glu, residual)

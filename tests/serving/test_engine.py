@@ -180,6 +180,11 @@ def test_compiled_decode_step_traces_whole_and_gives_the_same_tokens():
     engine = Engine(model, max_batch=2, max_context=32, prefill_chunk=64, compile=True, compile_backend="aot_eager")
     got, _ = engine.generate(ids, 6)
     assert engine.compiled and torch.equal(got, want), (got, want)
+    # the fused-GEMV step traces whole too (hylo::fused_gemv is an opaque op; on CPU it runs the torch reference)
+    engine = Engine(model, max_batch=2, max_context=32, prefill_chunk=64, compile=True, compile_backend="aot_eager",
+                    gemv_backend="triton")
+    got, _ = engine.generate(ids, 6)
+    assert torch.equal(got, want), (got, want)
 
 
 def test_gdn_decode_custom_op_updates_the_state_like_the_step():
@@ -273,3 +278,55 @@ def test_merged_projections_keep_weights_and_logits(kind, q_lora_rank, rope_floa
     model.save_pretrained(tmp_path)
     loaded = HyLoForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
     assert all(torch.equal(v, before[k]) for k, v in loaded.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["gdn", "gdn-qknorm", "mamba"])
+def test_fused_gemv_engine_equals_torch_engine(kind):
+    """gemv_backend="triton" routes every decode GEMV through hylo_bench.kernels.gemv with the layer norms, SwiGLU,
+    residual adds and final norm folded in; on CPU it runs the kernel's torch reference, so this checks the
+    plumbing: prefill and every decode step give the unfused engine's logits (float64), and a Mamba-2 mixer keeps
+    its own path (only its MLP is fused). The reference mirrors LlamaRMSNorm (float32 statistics), so no
+    rope_float64 here."""
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)  # norm weights away from 1, so a missing norm shows
+    ids = torch.randint(3, 97, (2, 11))
+
+    def run(engine):
+        logits = []
+        lm = engine._lm_logits
+        engine._lm_logits = lambda h: logits.append(lm(h)[:, -1]) or logits[-1][:, None]
+        tokens, _ = engine.generate(ids, max_new_tokens=5)
+        return tokens, torch.stack(logits)
+
+    tok_want, want = run(Engine(model, max_batch=2, max_context=16, prefill_chunk=4))
+    engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, gemv_backend="triton")
+    assert engine.fused == [(kind != "mamba", True), (True, True), (kind != "mamba", True), (True, True)]
+    assert engine.fused_head
+    calls = []
+    import hylo_bench.serving.ops as ops
+
+    orig = ops._impl_gemv
+    ops._impl_gemv = lambda *a: calls.append(a[2] is not None) or orig(*a)
+    try:
+        tok_got, got = run(engine)
+    finally:
+        ops._impl_gemv = orig
+    assert torch.equal(tok_got, tok_want)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * want.abs().max().item())
+    # per decode step (4 steps after the prefill's token): 2 mixers' merged GEMV + out GEMV (fewer for Mamba-2),
+    # 4 MLPs x 2, and the lm_head for prefill + 4 steps
+    mixers = 4 if kind != "mamba" else 2
+    assert len(calls) == 4 * (2 * mixers + 8) + 5
+    assert sum(calls) == 4 * (mixers + 4) + 5  # with an RMSNorm prologue: first projections, gate_up, lm_head
+
+
+def test_fused_gemv_engine_refuses_unmerged():
+    model = HyLoForCausalLM(tiny_hybrid_config()).eval()
+    with pytest.raises(ValueError, match="merge_projections=True"):
+        Engine(model, 1, 8, gemv_backend="triton", merge_projections=False)
+    with pytest.raises(ValueError, match="gemv_backend='cuda'"):
+        Engine(model, 1, 8, gemv_backend="cuda")

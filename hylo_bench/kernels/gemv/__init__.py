@@ -1,0 +1,39 @@
+"""Decode GEMV with its RMSNorm / SwiGLU prologue and residual epilogue fused: one public entry with back ends.
+
+Back ends: "torch" (:func:`fused_gemv_reference`, any device; under ``torch.compile`` Inductor fuses the element-wise
+parts and calls cuBLAS for the product) and "triton" (one kernel per GEMV, CUDA only, at most
+``triton_kernel.MAX_ROWS`` rows; imported lazily). The serving engine picks one per engine
+(``Engine(gemv_backend=...)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hylo_bench.kernels.gemv.reference import check_gemv_inputs, fused_gemv_reference
+
+__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference"]
+
+GEMV_BACKENDS = ("torch", "triton")
+MAX_TRITON_ROWS = 16  # = triton_kernel.MAX_ROWS (kept here so the CPU path need not import Triton)
+
+
+def fused_gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+               glu: bool = False, residual: torch.Tensor | None = None, backend: str = "torch") -> torch.Tensor:
+    """``residual + prologue(x) @ weight.T``: arguments as :func:`fused_gemv_reference` (x [..., K] or [..., 2K]
+    with ``glu``, weight [N, K], norm_weight [K], residual [..., N]), result [..., N] in x's dtype.
+
+    ``backend="triton"`` runs the Triton kernel when x is on CUDA with at most 16 rows, and the torch path
+    otherwise (a prefill-sized input is a GEMM, not a GEMV).
+
+    Raises:
+        ValueError: unknown backend, inconsistent shapes.
+    """
+    if backend not in GEMV_BACKENDS:
+        raise ValueError(f"GEMV backend {backend!r}; expected one of {GEMV_BACKENDS}")
+    M, _, _ = check_gemv_inputs(x, weight, norm_weight, glu, residual)
+    if backend == "triton" and x.device.type == "cuda" and M <= MAX_TRITON_ROWS:
+        from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
+
+        return fused_gemv_triton(x, weight, norm_weight, eps, glu, residual)
+    return fused_gemv_reference(x, weight, norm_weight=norm_weight, eps=eps, glu=glu, residual=residual)

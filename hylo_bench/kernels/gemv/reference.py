@@ -1,0 +1,67 @@
+"""Decode GEMV with its neighbours fused, in plain torch: the ground truth for the Triton kernel and the path
+``torch.compile`` traces (Inductor then fuses the element-wise parts itself).
+
+One decode token per sequence makes every linear layer a matrix-vector product per row: ``y = W x`` reads all of
+W once and is bound by memory bandwidth. The element-wise work around it (the RMSNorm before a layer's first
+projections, SwiGLU before ``down_proj``, the residual add after ``o_proj`` / ``down_proj``) is tiny but costs a
+kernel launch each; the fused form does it in the GEMV's prologue and epilogue.
+
+Legend: M rows (sequences), K input features, N output features.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, glu: bool,
+                      residual: torch.Tensor | None) -> tuple[int, int, int]:
+    """Validate shapes; returns (M, N, K) with x viewed as [M, K] ([M, 2K] when ``glu``).
+
+    Raises:
+        ValueError: naming the argument, the expected and the received shape.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [N, K]; got {tuple(weight.shape)}")
+    N, K = weight.shape
+    if norm_weight is not None and glu:
+        raise ValueError("norm_weight and glu=True cannot be combined (one prologue per GEMV)")
+    width = 2 * K if glu else K
+    if x.shape[-1] != width:
+        raise ValueError(f"x must be [..., {width}] ({'2K for glu' if glu else 'K'}, K = weight.shape[1] = {K}); "
+                         f"got {tuple(x.shape)}")
+    if norm_weight is not None and norm_weight.shape != (K,):
+        raise ValueError(f"norm_weight must be [K={K}]; got {tuple(norm_weight.shape)}")
+    if residual is not None and residual.shape != (*x.shape[:-1], N):
+        raise ValueError(f"residual must be {(*x.shape[:-1], N)} (x's leading dims, N); got {tuple(residual.shape)}")
+    return x.numel() // width, N, K
+
+
+def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+                         eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + prologue(x) @ weight.T`` with the rounding of the unfused modules.
+
+    Args:
+        x: [..., K] (``[..., 2K]`` = ``[gate ; up]`` when ``glu``), model dtype.
+        weight: [N, K] (``nn.Linear`` layout).
+        norm_weight: [K]: prologue ``LlamaRMSNorm``: ``w * (x / sqrt(mean(x^2) + eps))`` with the statistics in
+            float32 (also for float64 x) and the normalised x rounded to x's dtype before the weight multiply (as transformers does).
+        glu: prologue SwiGLU: ``silu(gate) * up`` (``LlamaMLP``'s ``act_fn(gate_proj(x)) * up_proj(x)``).
+        residual: [..., N] added after the product (``h + o_proj(o)``).
+
+    Returns:
+        [..., N] in x's dtype.
+
+    Raises:
+        ValueError: see :func:`check_gemv_inputs`.
+    """
+    check_gemv_inputs(x, weight, norm_weight, glu, residual)
+    if norm_weight is not None:
+        xf = x.to(torch.float32)  # float32 even for float64 x, as LlamaRMSNorm does
+        x = norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    elif glu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    y = F.linear(x, weight)
+    return y if residual is None else residual + y

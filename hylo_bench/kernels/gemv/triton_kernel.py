@@ -1,0 +1,92 @@
+"""Triton decode GEMV with an RMSNorm or SwiGLU prologue and a residual epilogue. CUDA only; imported lazily by
+:func:`hylo_bench.kernels.gemv.fused_gemv`. Contract: :func:`fused_gemv_reference`.
+
+Each program owns BLOCK_N output features of every row (M <= 16 sequences): it streams its [BLOCK_N, K] slab of W
+in [BLOCK_N, BLOCK_K] tiles (rows contiguous in K, so each tile is BLOCK_N coalesced runs) and multiplies it with
+the matching slice of every input row, accumulating in float32. Inputs are tiny next to W (K elements per row,
+L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics in a first pass over x, or
+``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
+(N >= 1536) give hundreds of programs at BLOCK_N <= 8.
+
+Legend: M rows, K input features, N output features.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
+_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
+            for bn, bk in ((2, 1024), (4, 512), (4, 1024), (8, 256), (8, 512), (16, 256)) for w in (4, 8)]
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES"])
+@triton.jit
+def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
+                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K)."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, M_PAD)
+    mask_m = offs_m < M
+    x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+    w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
+    if PROLOGUE == 1:
+        ss = tl.zeros([M_PAD], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+            xv = xv.to(tl.float32)
+            ss += tl.sum(xv * xv, 1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        mask_x = mask_m[:, None] & mask_k[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        xv = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
+        if PROLOGUE == 1:  # w_norm * round(x * rstd), rounded: LlamaRMSNorm in the model dtype
+            nw = tl.load(NW + offs_k, mask=mask_k, other=0.0)
+            xn = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
+            xv = (nw[None, :].to(tl.float32) * xn.to(tl.float32)).to(xv.dtype)
+        elif PROLOGUE == 2:  # round(silu(gate)) * up, rounded: LlamaMLP's act_fn(gate) * up
+            up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0)
+            gf = xv.to(tl.float32)
+            act = (gf / (1.0 + tl.exp(-gf))).to(xv.dtype)
+            xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+        acc += tl.sum(w[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+    mask_y = mask_m[:, None] & mask_n[None, :]
+    y = acc.to(Y.dtype.element_ty)
+    if HAS_RES:
+        r = tl.load(R + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask_y, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(Y.dtype.element_ty)
+    tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
+
+
+def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, glu: bool,
+                      residual: torch.Tensor | None) -> torch.Tensor:
+    """Triton version of :func:`hylo_bench.kernels.gemv.reference.fused_gemv_reference` (same arguments, checked
+    by the caller). x: [..., K] or [..., 2K] with at most ``MAX_ROWS`` rows; returns [..., N] in x's dtype."""
+    N, K = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    r2 = residual.reshape(M, N) if residual is not None else y
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    nw = norm_weight if norm_weight is not None else weight  # dummy pointer when unused
+    _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+        x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
+        PROLOGUE=1 if norm_weight is not None else 2 if glu else 0, HAS_RES=residual is not None,
+        M_PAD=triton.next_power_of_2(M))
+    return y.view(*lead, N)
