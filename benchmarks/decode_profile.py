@@ -171,7 +171,8 @@ def main() -> None:
                     help="engine variants, comma-separated: {merged,unmerged}-{maxautotune,default,autotune,eager}: "
                          "projections merged or not; torch.compile mode max-autotune-no-cudagraphs, default, "
                          "max_autotune without coordinate-descent GEMV decomposition, or no compile; suffix +gemv: "
-                         "the fused Triton GEMVs (Engine(gemv_backend='triton'))")
+                         "the fused Triton GEMVs (Engine(gemv_backend='triton')), +gemv=in.out: only those "
+                         "(Engine(fused_gemvs=...))")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -200,17 +201,20 @@ def main() -> None:
         variant_base, _, extra = variant.partition("+")
         how, _, flavour = variant_base.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
-        gemv = "triton" if extra == "gemv" else "torch"
+        gemv = "triton" if extra.startswith("gemv") else "torch"
+        from hylo_bench.serving.engine import FUSED_GEMVS
+
+        fused = tuple(extra.partition("=")[2].split(".")) if "=" in extra else FUSED_GEMVS
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
             {"compile_options": {"max_autotune": True, "coordinate_descent_tuning": False}} if flavour == "autotune" \
             else {"compile_mode": "default"}
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
-                        merge_projections=merged, gemv_backend=gemv, **({} if args.smoke else kw))
+                        merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused, **({} if args.smoke else kw))
         for T in contexts:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
-                   "gemv_backend": gemv}
+                   "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else ""}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)
@@ -234,7 +238,10 @@ def main() -> None:
                 tables.append(f"== {variant} @ {T} tokens: tpot {timings.tpot_s * 1e3:.3f} ms, kernels "
                               f"{parts['kernel_time_per_step_s'] * 1e3:.3f} ms/step, {parts['kernels_per_step']:.0f} "
                               f"kernels/step\n" + "\n".join(f"{t * 1e6:9.1f} us  {category(n):18s} {n[:110]}"
-                                                            for n, t in top))
+                                                            for n, t in top)
+                              + "\n-- one step in order (first 80 kernels):\n"
+                              + "\n".join(f"{t * 1e6:7.2f} us  {n[:120]}"
+                                          for n, t in events[:min(80, int(parts['kernels_per_step']))]))
                 rec["status"] = "ok"
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc)[:300])

@@ -32,6 +32,7 @@ from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
+FUSED_GEMVS = ("in", "out", "gate_up", "down", "head")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -297,6 +298,10 @@ class Engine(_EngineBase):
             per layer 4 GEMV kernels and no separate norm / activation / add kernels. Needs merged projections;
             layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the torch path for
             that part. CUDA batches of at most 16 sequences (larger ones and CPU take the torch reference).
+        fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with
+            their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
+            (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +
+            residual), "head" (final norm + ``lm_head``).
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
@@ -308,7 +313,7 @@ class Engine(_EngineBase):
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
                  compile_options: dict | None = None, merge_projections: bool | None = None,
-                 gemv_backend: str = "torch"):
+                 gemv_backend: str = "torch", fused_gemvs: tuple[str, ...] = FUSED_GEMVS):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -328,6 +333,10 @@ class Engine(_EngineBase):
             raise ValueError("gemv_backend='triton' fuses norms into the merged projections: it needs "
                              "merge_projections=True (or None with a non-max-autotune compile mode)")
         self.gemv_backend = gemv_backend
+        unknown = set(fused_gemvs) - set(FUSED_GEMVS)
+        if unknown:
+            raise ValueError(f"fused_gemvs {sorted(unknown)} unknown; expected a subset of {FUSED_GEMVS}")
+        self.fused_gemvs = frozenset(fused_gemvs) if gemv_backend == "triton" else frozenset()
         self.mixers, self.slots = [], []
         for layer in self.layers:
             if layer.mixer_type == "mla":
@@ -342,7 +351,7 @@ class Engine(_EngineBase):
         self.merged_mlps = [merge_mlp(layer.mlp) if merge_projections else None for layer in self.layers]
         self.fused = [self._fusable(i) for i in range(len(self.layers))] if gemv_backend == "triton" else None
         head = self.model.lm_head
-        self.fused_head = gemv_backend == "triton" and getattr(head, "bias", None) is None and isinstance(
+        self.fused_head = "head" in self.fused_gemvs and getattr(head, "bias", None) is None and isinstance(
             self.model.model.norm, LlamaRMSNorm)
         self._graphs: dict[int, tuple] = {}
         self.graph_error: str | None = None
@@ -397,17 +406,21 @@ class Engine(_EngineBase):
         """Decoder layer i for one decode token on the fused Triton GEMVs (``gemv_backend="triton"``)."""
         layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
         fuse_mixer, fuse_mlp = self.fused[i]
+        fg = self.fused_gemvs
         slot = slot if isinstance(srv, MLAServing) else self._rows(slot, h.shape[0])
-        if fuse_mixer:
-            h = srv.decode(h, slot, pos, Prologue(layer.input_layernorm, h)) if isinstance(srv, MLAServing) \
-                else srv.decode(h, slot, Prologue(layer.input_layernorm, h))
-        else:
-            x = layer.input_layernorm(h)
-            h = h + (srv.decode(x, slot, pos) if isinstance(srv, MLAServing) else srv.decode(x, slot))
+        x = h if fuse_mixer and "in" in fg else layer.input_layernorm(h)
+        pro = Prologue(layer.input_layernorm if "in" in fg else None, h if "out" in fg else None) if fuse_mixer \
+            else None
+        out = srv.decode(x, slot, pos, pro) if isinstance(srv, MLAServing) else srv.decode(x, slot, pro)
+        h = out if pro is not None and pro.residual is not None else h + out
+        post, mlp, merged = layer.post_attention_layernorm, layer.mlp, self.merged_mlps[i]
         if not fuse_mlp:
-            return h + mlp_forward(layer.mlp, self.merged_mlps[i], layer.post_attention_layernorm(h))
-        gate_up = project(h, self.merged_mlps[i].weight, Prologue(layer.post_attention_layernorm))
-        return project(gate_up, layer.mlp.down_proj.weight, Prologue(residual=h), glu=True)
+            return h + mlp_forward(mlp, merged, post(h))
+        gate_up = project(h, merged.weight, Prologue(post)) if "gate_up" in fg else F.linear(post(h), merged.weight)
+        if "down" in fg:
+            return project(gate_up, mlp.down_proj.weight, Prologue(residual=h), glu=True)
+        gate, up = gate_up.split(merged.splits, dim=-1)
+        return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None) -> torch.Tensor:
         """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B]."""

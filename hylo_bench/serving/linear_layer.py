@@ -98,8 +98,8 @@ class LinearServing:
     def decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation.
 
-        ``fused`` (GDN with merged projections only): x is the residual stream, normalised by ``fused.norm`` in the
-        merged GEMV's prologue, and ``o_proj`` adds ``fused.residual`` (:mod:`hylo_bench.serving.fused`).
+        ``fused`` (GDN with merged projections only): with ``fused.norm`` x is the residual stream, normalised in the
+        merged GEMV's prologue; with ``fused.residual`` ``o_proj`` adds it (:mod:`hylo_bench.serving.fused`).
 
         Raises:
             ValueError: ``fused`` for a Mamba-2 mixer or without merged projections.
@@ -140,6 +140,6 @@ class LinearServing:
         beta = b_in.to(dt).sigmoid()
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
         o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
-        if fused is not None:
+        if fused is not None and fused.residual is not None:
             return project(o, m.o_proj.weight, Prologue(residual=fused.residual))
         return m.o_proj(o)

@@ -198,13 +198,14 @@ class MLAServing:
         over rows ``0 .. positions[b]`` through :func:`mla_decode`. No host synchronisation (graph-capturable).
 
         Args:
-            x: [B, 1, D] normalised layer input (with ``fused``: the residual stream, normalised by ``fused.norm``
-                inside the merged GEMV). slot: this layer's cache. positions: [B] int64 on x's device.
-            fused: Triton GEMVs with ``fused.norm`` as the merged projection's prologue and ``fused.residual``
-                added by ``out_proj`` (needs merged projections; :mod:`hylo_bench.serving.fused`).
+            x: [B, 1, D] normalised layer input (with ``fused.norm``: the residual stream, normalised inside the
+                merged GEMV). slot: this layer's cache. positions: [B] int64 on x's device.
+            fused: Triton GEMVs with ``fused.norm`` (if set) as the merged projection's prologue and
+                ``fused.residual`` (if set) added by ``out_proj`` (needs merged projections;
+                :mod:`hylo_bench.serving.fused`).
 
         Returns:
-            [B, 1, D] mixer output (plus ``fused.residual`` with ``fused``).
+            [B, 1, D] mixer output (plus ``fused.residual`` when set).
 
         Raises:
             ValueError: ``fused`` without merged projections.
@@ -226,6 +227,6 @@ class MLAServing:
                               key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
         o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
         o = o.reshape(B, 1, self.H * self.V)
-        if fused is not None:
+        if fused is not None and fused.residual is not None:
             return project(o, self.m.out_proj.weight, Prologue(residual=fused.residual))
         return self.m.out_proj(o)

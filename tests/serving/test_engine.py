@@ -324,9 +324,34 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     assert sum(calls) == 4 * (mixers + 4) + 5  # with an RMSNorm prologue: first projections, gate_up, lm_head
 
 
+@pytest.mark.parametrize("subset", [("in", "out"), ("gate_up", "head"), ("out", "down")])
+def test_fused_gemv_subsets_equal_torch_engine(subset):
+    """Any subset of fused GEMVs (the rest on F.linear with separate norms / adds) keeps the logits (float64)."""
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config()).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    ids = torch.randint(3, 97, (2, 11))
+    logits = {}
+    for name, kw in (("torch", {}), ("fused", {"gemv_backend": "triton", "fused_gemvs": subset})):
+        engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, **kw)
+        outs = []
+        lm = engine._lm_logits
+        engine._lm_logits = lambda h, lm=lm, outs=outs: outs.append(lm(h)[:, -1]) or outs[-1][:, None]
+        engine.generate(ids, max_new_tokens=5)
+        logits[name] = torch.stack(outs)
+    assert engine.fused_head == ("head" in subset)
+    want = logits["torch"]
+    assert torch.allclose(logits["fused"], want, rtol=0, atol=1e-12 * want.abs().max().item())
+
+
 def test_fused_gemv_engine_refuses_unmerged():
     model = HyLoForCausalLM(tiny_hybrid_config()).eval()
     with pytest.raises(ValueError, match="merge_projections=True"):
         Engine(model, 1, 8, gemv_backend="triton", merge_projections=False)
     with pytest.raises(ValueError, match="gemv_backend='cuda'"):
         Engine(model, 1, 8, gemv_backend="cuda")
+    with pytest.raises(ValueError, match=r"fused_gemvs \['qkv'\] unknown"):
+        Engine(model, 1, 8, gemv_backend="triton", fused_gemvs=("in", "qkv"))

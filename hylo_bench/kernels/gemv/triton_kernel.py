@@ -19,7 +19,8 @@ import triton.language as tl
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-            for bn, bk in ((2, 1024), (4, 512), (4, 1024), (8, 256), (8, 512), (16, 256)) for w in (4, 8)]
+            for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 512, 8),
+                              (16, 128, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4), (32, 256, 8))]
 
 
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES"])
@@ -43,7 +44,10 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
             xv = xv.to(tl.float32)
             ss += tl.sum(xv * xv, 1)
         rstd = 1.0 / tl.sqrt(ss / K + eps)
+    # one row (batch-1 decode): accumulate [BLOCK_N, BLOCK_K] products element-wise and reduce once at the end,
+    # so the loop body is loads and FMAs only; several rows: reduce each tile ([M_PAD, BLOCK_N, BLOCK_K] -> sum K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
@@ -59,7 +63,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
             gf = xv.to(tl.float32)
             act = (gf / (1.0 + tl.exp(-gf))).to(xv.dtype)
             xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
-        acc += tl.sum(w[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+        if M_PAD == 1:
+            acc1 += w * xv.to(tl.float32)
+        else:
+            acc += tl.sum(w[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+    if M_PAD == 1:
+        acc = tl.sum(acc1, 1)[None, :]
     mask_y = mask_m[:, None] & mask_n[None, :]
     y = acc.to(Y.dtype.element_ty)
     if HAS_RES:
