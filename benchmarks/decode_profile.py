@@ -167,12 +167,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="8192,65536", help="context lengths in tokens (one engine sized for the "
                     "largest serves all)")
-    ap.add_argument("--variants", default="merged-default,unmerged-maxautotune",
+    ap.add_argument("--variants", default="merged-default,merged-default+gemv+prestep",
                     help="engine variants, comma-separated: {merged,unmerged}-{maxautotune,default,autotune,eager}: "
                          "projections merged or not; torch.compile mode max-autotune-no-cudagraphs, default, "
                          "max_autotune without coordinate-descent GEMV decomposition, or no compile; suffix +gemv: "
                          "the fused Triton GEMVs (Engine(gemv_backend='triton')), +gemv=in.out: only those "
-                         "(Engine(fused_gemvs=...))")
+                         "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
+                         "(Engine(gdn_prestep_backend='triton')). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -198,23 +199,32 @@ def main() -> None:
     tables = []
     cap = max(contexts) + args.steps + 16
     for variant in args.variants.split(","):
-        variant_base, _, extra = variant.partition("+")
+        variant_base, *extras = variant.split("+")
         how, _, flavour = variant_base.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
-        gemv = "triton" if extra.startswith("gemv") else "torch"
-        from hylo_bench.serving.engine import FUSED_GEMVS
+        from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
 
-        fused = tuple(extra.partition("=")[2].split(".")) if "=" in extra else FUSED_GEMVS
+        gemv, fused, prestep = "torch", DEFAULT_FUSED_GEMVS, "torch"
+        for extra in extras:
+            if extra.startswith("gemv"):
+                gemv = "triton"
+                fused = tuple(extra.partition("=")[2].split(".")) if "=" in extra else fused
+            elif extra == "prestep":
+                prestep = "triton"
+            else:
+                raise SystemExit(f"unknown variant suffix +{extra} in {variant!r}")
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
             {"compile_options": {"max_autotune": True, "coordinate_descent_tuning": False}} if flavour == "autotune" \
             else {"compile_mode": "default"}
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
-                        merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused, **({} if args.smoke else kw))
+                        merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
+                        gdn_prestep_backend=prestep if device != "cpu" else "torch", **({} if args.smoke else kw))
         for T in contexts:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
-                   "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else ""}
+                   "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
+                   "gdn_prestep_backend": prestep}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

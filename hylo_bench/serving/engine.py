@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.kernels.gemv import GEMV_BACKENDS
+from hylo_bench.kernels.gemv import GEMV_BACKENDS, triton_available
 from hylo_bench.serving.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.serving.linear_layer import LinearServing
 from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
@@ -33,6 +33,7 @@ from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
 FUSED_GEMVS = ("in", "out", "gate_up", "down", "head")
+DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read it at 97 %, the Triton GEMV at 87 %
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -292,16 +293,20 @@ class Engine(_EngineBase):
             under a "max-autotune" compile mode, whose coordinate-descent tuning turns batch-1 GEMVs into fused
             Triton reductions that ran faster unmerged (H200, 64K: 36.8 % vs 34.9 % of the bandwidth bound; with
             cuBLAS GEMVs merging won, 30.8 % vs 26.7 %; ``benchmarks/results/decode_profile_run*.json``).
-        gemv_backend: "torch" (default: ``F.linear`` / cuBLAS, the element-wise work around it left to Inductor) or
-            "triton": decode GEMVs on :func:`hylo_bench.kernels.gemv.fused_gemv`'s Triton kernel with the layer's
-            RMSNorms, SwiGLU, residual adds and the final norm fused into them (:mod:`hylo_bench.serving.fused`):
-            per layer 4 GEMV kernels and no separate norm / activation / add kernels. Needs merged projections;
-            layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the torch path for
-            that part. CUDA batches of at most 16 sequences (larger ones and CPU take the torch reference).
+        gemv_backend: "torch" (``F.linear`` / cuBLAS, the element-wise work around it left to Inductor), "triton"
+            (decode GEMVs on :func:`hylo_bench.kernels.gemv.fused_gemv`'s Triton kernel with the layer's RMSNorms,
+            SwiGLU and residual adds fused into them, :mod:`hylo_bench.serving.fused`) or "auto" (default: triton
+            with merged projections on CUDA when Triton imports, torch otherwise). On the H200 at 64K this took the
+            decode step from 2.68 to 2.38 ms (``benchmarks/results/decode_profile.json``). Needs merged
+            projections; layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the
+            torch path for that part. CUDA batches of at most 16 sequences (larger ones take the torch reference).
         fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with
             their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
             (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +
-            residual), "head" (final norm + ``lm_head``).
+            residual), "head" (final norm + ``lm_head``). Default: all but "head" (cuBLAS reads the 622 MB
+            Qwen3 lm_head at 97 % of copy bandwidth, the Triton GEMV at 87 %).
+        gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates: "torch", "triton" (one kernel
+            instead of about 11) or "auto" (default: triton on CUDA; :class:`LinearServing`).
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
@@ -313,7 +318,8 @@ class Engine(_EngineBase):
                  cuda_graphs: bool = False, mla_decode_backend: str = "auto", gdn_decode_backend: str = "auto",
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
                  compile_options: dict | None = None, merge_projections: bool | None = None,
-                 gemv_backend: str = "torch", fused_gemvs: tuple[str, ...] = FUSED_GEMVS):
+                 gemv_backend: str = "auto", fused_gemvs: tuple[str, ...] = DEFAULT_FUSED_GEMVS,
+                 gdn_prestep_backend: str = "auto"):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -327,8 +333,11 @@ class Engine(_EngineBase):
         if merge_projections is None:
             merge_projections = not (compile and compile_options is None and mode.startswith("max-autotune"))
         self.merged_projections = merge_projections
-        if gemv_backend not in GEMV_BACKENDS:
-            raise ValueError(f"gemv_backend={gemv_backend!r}; expected one of {GEMV_BACKENDS}")
+        if gemv_backend not in GEMV_BACKENDS + ("auto",):
+            raise ValueError(f"gemv_backend={gemv_backend!r}; expected 'auto' or one of {GEMV_BACKENDS}")
+        if gemv_backend == "auto":
+            gemv_backend = "triton" if (merge_projections and self.device.type == "cuda" and triton_available()
+                                        and next(model.parameters()).dtype != torch.float64) else "torch"
         if gemv_backend == "triton" and not merge_projections:
             raise ValueError("gemv_backend='triton' fuses norms into the merged projections: it needs "
                              "merge_projections=True (or None with a non-max-autotune compile mode)")
@@ -344,7 +353,7 @@ class Engine(_EngineBase):
                 slot = srv.new_slot(max_batch, max_context)
             else:
                 srv = LinearServing(layer.mixer, layer.mixer_type, gdn_decode_backend=gdn_decode_backend,
-                                    merge_projections=merge_projections)
+                                    merge_projections=merge_projections, prestep_backend=gdn_prestep_backend)
                 slot = srv.new_state(max_batch)
             self.mixers.append(srv)
             self.slots.append(slot)

@@ -71,8 +71,11 @@ class MergedLinear:
     def __call__(self, x: torch.Tensor, norm: nn.Module | None = None) -> tuple[torch.Tensor, ...]:
         """x [..., D] -> one tensor [..., out_i] per original linear (views of one GEMM output). ``norm``: an
         ``LlamaRMSNorm`` not yet applied to x, fused into the Triton GEMV's prologue."""
-        y = F.linear(x, self.weight) if norm is None else project(x, self.weight, Prologue(norm))
-        return y.split(self.splits, dim=-1)
+        return self.project(x, norm).split(self.splits, dim=-1)
+
+    def project(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """x [..., D] -> [..., sum(out_i)], the outputs side by side (``norm`` as in ``__call__``)."""
+        return F.linear(x, self.weight) if norm is None else project(x, self.weight, Prologue(norm))
 
 
 def merge_linears(linears: list[nn.Linear]) -> MergedLinear | None:

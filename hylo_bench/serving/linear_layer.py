@@ -17,10 +17,11 @@ import torch.nn.functional as F
 
 from hylo_bench.models.cache import map_state
 from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import gdn_decode_step
+from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step
 
 logger = logging.getLogger(__name__)
 GDN_DECODE_BACKENDS = ("auto", "torch", "fla")
+PRESTEP_BACKENDS = ("auto", "torch", "triton")
 
 
 @functools.cache
@@ -68,9 +69,16 @@ class LinearServing:
         module: the mixer. kind: "gdn" or "mamba". gdn_decode_backend: "auto", "torch" or "fla".
         merge_projections: GDN decode reads q/k/v/a/b/g projections with one GEMV
             (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
+        prestep_backend: GDN decode's convolutions + SiLU + gates: "torch" (plain ops, fused by Inductor into about
+            11 kernels), "triton" (one kernel, CUDA, 4-tap convs) or "auto" (triton on CUDA when Triton imports and
+            the conv has 4 taps, torch otherwise); :mod:`hylo_bench.kernels.gated_delta.decode_prestep`.
+
+    Raises:
+        ValueError: unknown ``prestep_backend``, or "triton" off CUDA.
     """
 
-    def __init__(self, module, kind: str, gdn_decode_backend: str = "auto", merge_projections: bool = False):
+    def __init__(self, module, kind: str, gdn_decode_backend: str = "auto", merge_projections: bool = False,
+                 prestep_backend: str = "torch"):
         self.m, self.kind = module, kind
         self.merged = None
         if kind == "gdn" and merge_projections:
@@ -79,8 +87,19 @@ class LinearServing:
         w = next(module.parameters())
         self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend) if kind == "gdn" \
             else "torch"
+        if prestep_backend not in PRESTEP_BACKENDS:
+            raise ValueError(f"prestep_backend={prestep_backend!r}; expected one of {PRESTEP_BACKENDS}")
+        if prestep_backend == "triton" and w.device.type != "cuda":
+            raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {w.device}")
+        if prestep_backend == "auto":
+            prestep_backend = "triton" if (w.device.type == "cuda" and w.dtype != torch.float64
+                                           and importlib.util.find_spec("triton") is not None
+                                           and getattr(module, "conv_size", 0) == 4) else "torch"
+        self.prestep_backend = prestep_backend
         if kind == "gdn":
-            _log_once(f"GDN decode backend: {self.gdn_backend}")
+            m = module
+            self.conv_weight = torch.cat([c.weight.detach()[:, 0] for c in (m.q_conv1d, m.k_conv1d, m.v_conv1d)])
+            _log_once(f"GDN decode backend: {self.gdn_backend}; convs + gates: {prestep_backend}")
 
     def new_state(self, batch: int):
         """Zero state for ``batch`` sequences (float64 recurrent state for float64 models, else the module's)."""
@@ -113,31 +132,24 @@ class LinearServing:
         return out
 
     def _gdn_decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
-        """The T == 1 path of ``GatedDeltaNet.forward`` with the recurrence on the selected back end.
-
-        The 4-tap depthwise conv is written as a multiply-sum in float32 (float64 for float64 models), rounded to
-        the model dtype before the SiLU as ``F.conv1d`` would, so ``torch.compile`` fuses it with its neighbours.
-        """
+        """The T == 1 path of ``GatedDeltaNet.forward``: convolutions and gates on the selected pre-step back end
+        (:func:`hylo_bench.serving.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim
         if fused is not None and self.merged is None:
             raise ValueError("fused decode GEMVs need merged projections (LinearServing(merge_projections=True))")
         if self.merged is not None:
-            q_in, k_in, v_in, a_in, b_in, gate = self.merged(x, None if fused is None else fused.norm)
+            proj = self.merged.project(x, None if fused is None else fused.norm)  # [B, 1, q k v a b g]
         else:
-            q_in, k_in, v_in, a_in, b_in, gate = (p(x) for p in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj,
-                                                                  m.g_proj))
-        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        acts = []
-        for inp, conv, cache in zip((q_in, k_in, v_in), (m.q_conv1d, m.k_conv1d, m.v_conv1d), state.conv):
-            xx_BCW = torch.cat([cache.to(x.dtype), inp.transpose(1, 2)], dim=-1)  # [B, C, W]
-            y_BC = (xx_BCW.to(dt) * conv.weight[:, 0].to(dt)).sum(-1).to(x.dtype)
-            cache.copy_(xx_BCW[..., 1:])
-            acts.append(F.silu(y_BC)[:, None])  # [B, 1, C]
-        q, k, v = acts[0].view(B, 1, H, K), acts[1].view(B, 1, H, K), acts[2].view(B, 1, H, Vd)
-        g = -m.A_log.to(dt).exp() * F.softplus(a_in.to(dt) + m.dt_bias.to(dt))
-        beta = b_in.to(dt).sigmoid()
+            proj = torch.cat([p(x) for p in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj, m.g_proj)], dim=-1)
+        gate = proj[..., proj.shape[-1] - m.value_dim:]
+        act, g, beta = gdn_decode_prestep_op(proj, state.conv, self.conv_weight, m.A_log, m.dt_bias,
+                                             self.prestep_backend)
+        Ck = m.key_dim
+        q, k = act[:, :Ck].view(B, 1, H, K), act[:, Ck:2 * Ck].view(B, 1, H, K)
+        v = act[:, 2 * Ck:].view(B, 1, H, Vd)
+        g, beta = g.view(B, 1, H), beta.view(B, 1, H)
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
         o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
         if fused is not None and fused.residual is not None:

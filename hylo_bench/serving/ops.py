@@ -7,6 +7,8 @@ convolutions) into a few; the Triton MLA decode kernel and fla's recurrent GDN s
 Ops (namespace ``hylo``):
 - ``hylo::mla_decode``: :func:`hylo_bench.kernels.mla_decode.mla_decode` with a resolved back end.
 - ``hylo::gdn_decode_step``: one gated-delta-rule token, the recurrent state updated in place.
+- ``hylo::gdn_decode_prestep``: a GDN token's short convolutions (caches shifted in place), SiLU and gates in one
+  Triton kernel (:mod:`hylo_bench.kernels.gated_delta.decode_prestep`).
 - ``hylo::fused_gemv``: :func:`hylo_bench.kernels.gemv.fused_gemv` on its Triton back end (RMSNorm / SwiGLU
   prologue, residual epilogue).
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_gemv_op", "gdn_decode_step", "mla_decode_op"]
+__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "mla_decode_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
@@ -146,3 +148,41 @@ def fused_gemv_op(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.T
     if torch.compiler.is_compiling():
         return torch.ops.hylo.fused_gemv(x, weight, norm_weight, eps, glu, residual)
     return _impl_gemv(x, weight, norm_weight, eps, glu, residual)
+
+
+def _impl_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend):
+    if backend == "triton":
+        from hylo_bench.kernels.gated_delta.decode_prestep_triton import gdn_decode_prestep_triton
+
+        return gdn_decode_prestep_triton(proj, (cq, ck, cv), conv_weight, A_log, dt_bias)
+    from hylo_bench.kernels.gated_delta.decode_prestep import gdn_decode_prestep_reference
+
+    return gdn_decode_prestep_reference(proj, (cq, ck, cv), conv_weight, A_log, dt_bias)
+
+
+@torch.library.custom_op("hylo::gdn_decode_prestep", mutates_args=("cq", "ck", "cv"))
+def _gdn_decode_prestep(proj: torch.Tensor, cq: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor,
+                        conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                        backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _impl_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend)
+
+
+@_gdn_decode_prestep.register_fake
+def _(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend):
+    B, H = proj.shape[0], A_log.shape[0]
+    gdt = torch.float64 if proj.dtype == torch.float64 else torch.float32
+    return (proj.new_empty(B, cq.shape[1] + ck.shape[1] + cv.shape[1]), proj.new_empty(B, H, dtype=gdt),
+            proj.new_empty(B, H, dtype=gdt))
+
+
+def gdn_decode_prestep_op(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, backend: str
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GDN decode token's convolutions, SiLU and gates: arguments and results as
+    :func:`hylo_bench.kernels.gated_delta.decode_prestep.gdn_decode_prestep_reference` (conv caches shifted in
+    place). ``backend`` "triton" (one kernel, CUDA) runs through the ``hylo::gdn_decode_prestep`` op while
+    ``torch.compile`` traces; "torch" is traced as plain torch ops (Inductor fuses them)."""
+    cq, ck, cv = conv_caches
+    if backend == "triton" and torch.compiler.is_compiling():
+        return torch.ops.hylo.gdn_decode_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend)
+    return _impl_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend)

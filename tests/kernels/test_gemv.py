@@ -123,12 +123,12 @@ def _check_triton(M, N, K, mode, dtype, device):
 @pytest.mark.slow
 @pytest.mark.usefixtures("_stub_autotune")
 def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
-    """The serving engine with gemv_backend="triton" running the real kernel (interpreter, float32) gives the
-    unfused engine's greedy tokens."""
+    """The serving engine with gemv_backend="triton" and the GDN pre-step kernel running the real kernels
+    (interpreter, float32) gives the unfused engine's greedy tokens."""
     import hylo_bench.serving.ops as ops
     from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
     from hylo_bench.models.hybrid import HyLoForCausalLM
-    from hylo_bench.serving.engine import Engine
+    from hylo_bench.serving.engine import FUSED_GEMVS, Engine
     from tests.conftest import tiny_hybrid_config
 
     torch.manual_seed(0)
@@ -138,9 +138,13 @@ def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
             if p.dim() == 2:
                 p.mul_(3)
     ids = torch.randint(3, 97, (2, 13))
-    want, _ = Engine(model, 2, 32, 5).generate(ids, 6)
+    want, _ = Engine(model, 2, 32, 5, gemv_backend="torch").generate(ids, 6)
     calls = []
     monkeypatch.setattr(ops, "_impl_gemv", lambda *a: calls.append(1) or fused_gemv_triton(*a))
-    got, _ = Engine(model, 2, 32, 5, gemv_backend="triton").generate(ids, 6)
+    engine = Engine(model, 2, 32, 5, gemv_backend="triton", fused_gemvs=FUSED_GEMVS)
+    for srv in engine.mixers:  # the GDN pre-step kernel too (the constructor refuses "triton" off CUDA)
+        if getattr(srv, "kind", None) == "gdn":
+            srv.prestep_backend = "triton"
+    got, _ = engine.generate(ids, 6)
     assert torch.equal(got, want)
     assert len(calls) == 5 * (2 * 4 + 8) + 6  # 5 decode steps x 16 GEMVs, lm_head 6 times

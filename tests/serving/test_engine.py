@@ -303,7 +303,10 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
         return tokens, torch.stack(logits)
 
     tok_want, want = run(Engine(model, max_batch=2, max_context=16, prefill_chunk=4))
-    engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, gemv_backend="triton")
+    from hylo_bench.serving.engine import FUSED_GEMVS
+
+    engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, gemv_backend="triton",
+                    fused_gemvs=FUSED_GEMVS)
     assert engine.fused == [(kind != "mamba", True), (True, True), (kind != "mamba", True), (True, True)]
     assert engine.fused_head
     calls = []

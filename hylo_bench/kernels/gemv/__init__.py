@@ -8,14 +8,21 @@ parts and calls cuBLAS for the product) and "triton" (one kernel per GEMV, CUDA 
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from hylo_bench.kernels.gemv.reference import check_gemv_inputs, fused_gemv_reference
 
-__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference"]
+__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference", "triton_available"]
 
 GEMV_BACKENDS = ("torch", "triton")
 MAX_TRITON_ROWS = 16  # = triton_kernel.MAX_ROWS (kept here so the CPU path need not import Triton)
+
+
+def triton_available() -> bool:
+    """Whether Triton imports (it ships with CUDA / ROCm builds of torch, not with the CPU wheels)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,

@@ -1,0 +1,91 @@
+"""Triton version of :func:`hylo_bench.kernels.gated_delta.decode_prestep.gdn_decode_prestep_reference`: one
+launch per GDN layer and decode token. CUDA only; imported lazily.
+
+Grid (channel blocks + 1, B); W = 4 taps. A channel program loads its channels' 3 cached taps and the new input, writes the
+shifted cache (each thread reads all of its channel's taps before writing them, so the in-place shift is safe),
+sums the taps in float32, rounds to the model dtype, applies SiLU and stores the activation. The extra program
+computes the H gates.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_C = 256
+
+
+@triton.jit
+def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
+                               stride_pb, stride_qb, stride_qc, stride_kb, stride_kc, stride_vb, stride_vc,
+                               stride_ab, stride_gb, Ck, Cv, H,
+                               BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    C = 2 * Ck + Cv
+    n_blocks = tl.cdiv(C, BLOCK_C)
+    if pid < n_blocks:
+        c = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = c < C
+        in_q = c < Ck
+        in_k = (c >= Ck) & (c < 2 * Ck)
+        in_v = (c >= 2 * Ck) & mask
+        ptr = tl.where(in_q, CQ + b * stride_qb + c * stride_qc,
+                       tl.where(in_k, CK + b * stride_kb + (c - Ck) * stride_kc,
+                                CV + b * stride_vb + (c - 2 * Ck) * stride_vc))
+        x_new = tl.load(P + b * stride_pb + c, mask=mask, other=0.0)
+        c0 = tl.load(ptr, mask=mask, other=0.0)  # the three cached taps, oldest first (all read before any write)
+        c1 = tl.load(ptr + 1, mask=mask, other=0.0)
+        c2 = tl.load(ptr + 2, mask=mask, other=0.0)
+        wrow = CW + c * 4
+        acc = c0.to(tl.float32) * tl.load(wrow, mask=mask, other=0.0).to(tl.float32)
+        acc += c1.to(tl.float32) * tl.load(wrow + 1, mask=mask, other=0.0).to(tl.float32)
+        acc += c2.to(tl.float32) * tl.load(wrow + 2, mask=mask, other=0.0).to(tl.float32)
+        acc += x_new.to(tl.float32) * tl.load(wrow + 3, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptr, c1, mask=mask)
+        tl.store(ptr + 1, c2, mask=mask)
+        tl.store(ptr + 2, x_new.to(c0.dtype), mask=mask)
+        y = acc.to(x_new.dtype).to(tl.float32)
+        tl.store(ACT + b * stride_ab + c, (y / (1.0 + tl.exp(-y))).to(x_new.dtype), mask=mask)
+    else:
+        h = tl.arange(0, BLOCK_H)
+        mh = h < H
+        a = tl.load(P + b * stride_pb + C + h, mask=mh, other=0.0).to(tl.float32)
+        bb = tl.load(P + b * stride_pb + C + H + h, mask=mh, other=0.0).to(tl.float32)
+        z = a + tl.load(DTB + h, mask=mh, other=0.0).to(tl.float32)
+        softplus = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))  # torch's threshold 20
+        g = -tl.exp(tl.load(ALOG + h, mask=mh, other=0.0).to(tl.float32)) * softplus
+        tl.store(G + b * stride_gb + h, g, mask=mh)
+        tl.store(BETA + b * stride_gb + h, 1.0 / (1.0 + tl.exp(-bb)), mask=mh)
+
+
+def gdn_decode_prestep_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                              conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same arguments and results as the reference (float32 gates).
+
+    Raises:
+        ValueError: not a 4-tap conv (W = 4 is every released layout), or a cache whose tap dim is strided.
+    """
+    B = proj.shape[0]
+    cq, ck, cv = conv_caches
+    Ck, Cv, W1 = cq.shape[1], cv.shape[1], cq.shape[2]
+    H = A_log.shape[0]
+    C = 2 * Ck + Cv
+    p2 = proj.reshape(B, -1)
+    if p2.stride(-1) != 1:
+        p2 = p2.contiguous()
+    if W1 != 3 or conv_weight.shape[1] != 4 or any(t.stride(-1) != 1 for t in conv_caches):
+        raise ValueError(f"the Triton GDN pre-step serves 4-tap convs with caches [B, C, 3] of unit tap stride; "
+                         f"got caches {tuple(cq.shape)}, strides {cq.stride()} (use the reference)")
+    act = torch.empty(B, C, dtype=proj.dtype, device=proj.device)
+    g = torch.empty(B, H, dtype=torch.float32, device=proj.device)
+    beta = torch.empty_like(g)
+    cw = conv_weight.contiguous()
+    _gdn_decode_prestep_kernel[(triton.cdiv(C, BLOCK_C) + 1, B)](
+        p2, cq, ck, cv, cw, A_log, dt_bias, act, g, beta,
+        p2.stride(0), cq.stride(0), cq.stride(1), ck.stride(0), ck.stride(1), cv.stride(0), cv.stride(1),
+        act.stride(0), g.stride(0), Ck, Cv, H,
+        BLOCK_C=BLOCK_C, BLOCK_H=max(16, triton.next_power_of_2(H)), num_warps=4)
+    return act, g, beta
