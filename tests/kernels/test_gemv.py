@@ -86,9 +86,19 @@ def _stub_autotune(monkeypatch):
 @pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 300), (5, 17, 1030)])
 @pytest.mark.parametrize("mode,dtype", [(m, torch.float32) for m in ("plain", "norm", "norm+res", "glu+res")]
                          + [("plain+res", torch.bfloat16)])
-def test_triton_kernel_matches_reference(M, N, K, mode, dtype):
+@pytest.mark.parametrize("one_pass,prefetch", [(True, False), (False, True)])
+def test_triton_kernel_matches_reference(M, N, K, mode, dtype, one_pass, prefetch, monkeypatch):
     """The interpreter's float32 -> bfloat16 cast truncates (the GPU rounds to nearest), so the prologues' bf16
-    roundings are checked on CUDA (test_triton_kernel_on_cuda_bf16); here float32, plus a bf16 load/store case."""
+    roundings are checked on CUDA (test_triton_kernel_on_cuda_bf16); here float32, plus a bf16 load/store case.
+    Both RMSNorm forms and both loop forms (one config each, small tiles so the loops run several times)."""
+    import triton
+
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "ONE_PASS_NORM", one_pass)
+    monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 4, "BLOCK_K": 16 if prefetch else 32, "PREFETCH": prefetch})])
+    monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})  # no best config remembered from another test
     _check_triton(M, N, K, mode, dtype, "cpu")
 
 

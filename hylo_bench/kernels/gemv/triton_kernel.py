@@ -4,8 +4,9 @@
 Each program owns BLOCK_N output features of every row (M <= 16 sequences): it streams its [BLOCK_N, K] slab of W
 in [BLOCK_N, BLOCK_K] tiles (rows contiguous in K, so each tile is BLOCK_N coalesced runs) and multiplies it with
 the matching slice of every input row, accumulating in float32. Inputs are tiny next to W (K elements per row,
-L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics in a first pass over x, or
-``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
+L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics (by default in the main
+loop, ``ONE_PASS_NORM``; the result then differs from LlamaRMSNorm's by its two bf16 roundings of the normalised
+input, well inside the output's own bf16 rounding), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
 (N >= 1536) give hundreds of programs at BLOCK_N <= 8.
 
 Legend: M rows, K input features, N output features.
@@ -18,17 +19,24 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
-_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-            for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 512, 8),
-                              (16, 128, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4), (32, 256, 8))]
+ONE_PASS_NORM = True  # RMSNorm statistics in the main loop, scale applied to the sums (see the kernel)
+_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_warps=w)
+            for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (4, 2048, 8), (8, 256, 4), (8, 512, 4),
+                              (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
+            for pf in (False, True)]
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES"])
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES", "ONE_PASS"])
 @triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
-                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K)."""
+                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr, ONE_PASS: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K).
+
+    ONE_PASS (RMSNorm): sum(x^2) accumulates in the main loop and the products use w_norm * x unrounded; the
+    1/rms scale multiplies the sums at the end (exact in real arithmetic; saves the dependent first pass over x,
+    and skips the two bf16 roundings LlamaRMSNorm applies to the normalised input). PREFETCH: the next W tile is
+    loaded before the current one is used (two tiles in flight per program)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -36,8 +44,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     mask_m = offs_m < M
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
-    if PROLOGUE == 1:
-        ss = tl.zeros([M_PAD], dtype=tl.float32)
+    ss = tl.zeros([M_PAD], dtype=tl.float32)
+    if PROLOGUE == 1 and not ONE_PASS:
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
@@ -48,13 +56,25 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     # so the loop body is loads and FMAs only; several rows: reduce each tile ([M_PAD, BLOCK_N, BLOCK_K] -> sum K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if PREFETCH:
+        offs_k0 = tl.arange(0, BLOCK_K)
+        w_next = tl.load(w_rows + offs_k0[None, :], mask=mask_n[:, None] & (offs_k0[None, :] < K), other=0.0)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask_x = mask_m[:, None] & mask_k[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        if PREFETCH:
+            w = w_next.to(tl.float32)
+            offs_kn = offs_k + BLOCK_K
+            w_next = tl.load(w_rows + offs_kn[None, :], mask=mask_n[:, None] & (offs_kn[None, :] < K), other=0.0)
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         xv = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
-        if PROLOGUE == 1:  # w_norm * round(x * rstd), rounded: LlamaRMSNorm in the model dtype
+        if PROLOGUE == 1 and ONE_PASS:  # w_norm * x in float32; 1/rms applied to the sums below
+            xf = xv.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            xv = tl.load(NW + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :] * xf
+        elif PROLOGUE == 1:  # w_norm * round(x * rstd), rounded: LlamaRMSNorm in the model dtype
             nw = tl.load(NW + offs_k, mask=mask_k, other=0.0)
             xn = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
             xv = (nw[None, :].to(tl.float32) * xn.to(tl.float32)).to(xv.dtype)
@@ -69,6 +89,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
             acc += tl.sum(w[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
     if M_PAD == 1:
         acc = tl.sum(acc1, 1)[None, :]
+    if PROLOGUE == 1 and ONE_PASS:
+        acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     mask_y = mask_m[:, None] & mask_n[None, :]
     y = acc.to(Y.dtype.element_ty)
     if HAS_RES:
@@ -97,5 +119,5 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
         PROLOGUE=1 if norm_weight is not None else 2 if glu else 0, HAS_RES=residual is not None,
-        M_PAD=triton.next_power_of_2(M))
+        M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM)
     return y.view(*lead, N)
