@@ -83,7 +83,7 @@ def breakdown(events: list[tuple[str, float]], steps: int) -> dict:
 ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merged_gate_up", "mlp_down", "lm_head")
 
 
-def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_twopass")) -> list[dict]:
+def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass")) -> list[dict]:
     """Each distinct decode GEMV shape alone, timed over a CUDA graph of 50 calls that cycle through enough copies
     of the weight (>= 256 MB in all) that none is read from L2. Back ends: "cublas" (``F.linear``) and "triton"
     (:func:`hylo_bench.kernels.gemv.fused_gemv` with the prologue / epilogue the engine fuses into that GEMV: RMSNorm
@@ -120,12 +120,12 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
                 xin = x[..., :n_in]
                 fn = functools.partial(F.linear, xin)
             else:
-                if device == "cpu" or name not in ENGINE_SHAPES or (backend == "triton_twopass" and fuse != norm):
+                if device == "cpu" or name not in ENGINE_SHAPES or (backend == "triton_onepass" and fuse != norm):
                     continue
                 from hylo_bench.kernels.gemv import fused_gemv
                 from hylo_bench.kernels.gemv import triton_kernel as tk
 
-                tk.ONE_PASS_NORM = backend == "triton"
+                tk.ONE_PASS_NORM = backend == "triton_onepass"
 
                 fn = functools.partial(fused_gemv, x, norm_weight=nw if fuse == norm else None, glu=fuse == glu,
                                        residual=r if fuse != norm else None, backend="triton")
@@ -160,7 +160,7 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
             if backend.startswith("triton") and rec["status"] == "ok":
                 rec["triton_config"] = str(tk._fused_gemv_kernel.best_config)[:200]
             recs.append({"kind": "gemv", "name": name, "backend": backend,
-                         "fused": fuse if backend == "triton" else "none", "out_features": n_out,
+                         "fused": fuse if backend.startswith("triton") else "none", "out_features": n_out,
                          "in_features": n_in, "weight_bytes": nbytes, **rec})
             print(recs[-1], flush=True)
         del ws, x
@@ -178,8 +178,8 @@ def main() -> None:
                          "max_autotune without coordinate-descent GEMV decomposition, or no compile; suffix +gemv: "
                          "the fused Triton GEMVs (Engine(gemv_backend='triton')), +gemv=in.out: only those "
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
-                         "(Engine(gdn_prestep_backend='triton')); +twopass: the fused GEMV's RMSNorm statistics in a "
-                         "separate first pass. Without suffixes: gemv and pre-step on torch")
+                         "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
+                         "main loop (default: a first pass). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -210,15 +210,15 @@ def main() -> None:
         merged, compiled = how == "merged", flavour != "eager"
         from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
 
-        gemv, fused, prestep, two_pass = "torch", DEFAULT_FUSED_GEMVS, "torch", False
+        gemv, fused, prestep, one_pass = "torch", DEFAULT_FUSED_GEMVS, "torch", False
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"
                 fused = tuple(extra.partition("=")[2].split(".")) if "=" in extra else fused
             elif extra == "prestep":
                 prestep = "triton"
-            elif extra == "twopass":  # the fused GEMV's RMSNorm statistics in a first pass over x
-                two_pass = True
+            elif extra == "onepass":  # the fused GEMV's RMSNorm statistics in its main loop
+                one_pass = True
             else:
                 raise SystemExit(f"unknown variant suffix +{extra} in {variant!r}")
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
@@ -227,7 +227,7 @@ def main() -> None:
         if not args.smoke:
             from hylo_bench.kernels.gemv import triton_kernel
 
-            triton_kernel.ONE_PASS_NORM = not two_pass
+            triton_kernel.ONE_PASS_NORM = one_pass
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
@@ -236,7 +236,7 @@ def main() -> None:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
-                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": not two_pass}
+                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

@@ -296,8 +296,9 @@ class Engine(_EngineBase):
         gemv_backend: "torch" (``F.linear`` / cuBLAS, the element-wise work around it left to Inductor), "triton"
             (decode GEMVs on :func:`hylo_bench.kernels.gemv.fused_gemv`'s Triton kernel with the layer's RMSNorms,
             SwiGLU and residual adds fused into them, :mod:`hylo_bench.serving.fused`) or "auto" (default: triton
-            with merged projections on CUDA when Triton imports, torch otherwise). On the H200 at 64K this took the
-            decode step from 2.68 to 2.38 ms (``benchmarks/results/decode_profile.json``). Needs merged
+            with merged projections on CUDA when Triton imports, torch otherwise). With the GDN pre-step kernel
+            (``gdn_prestep_backend``) this took the H200's 64K decode step from 2.75 to 2.05 ms
+            (``benchmarks/results/decode_profile.json``). Needs merged
             projections; layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the
             torch path for that part. CUDA batches of at most 16 sequences (larger ones take the torch reference).
         fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with

@@ -4,9 +4,9 @@
 Each program owns BLOCK_N output features of every row (M <= 16 sequences): it streams its [BLOCK_N, K] slab of W
 in [BLOCK_N, BLOCK_K] tiles (rows contiguous in K, so each tile is BLOCK_N coalesced runs) and multiplies it with
 the matching slice of every input row, accumulating in float32. Inputs are tiny next to W (K elements per row,
-L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics (by default in the main
-loop, ``ONE_PASS_NORM``; the result then differs from LlamaRMSNorm's by its two bf16 roundings of the normalised
-input, well inside the output's own bf16 rounding), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
+L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics in a first pass over x
+(or, with ``ONE_PASS_NORM``, in the main loop: the result then differs from LlamaRMSNorm's by its two bf16 roundings
+of the normalised input), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
 (N >= 1536) give hundreds of programs at BLOCK_N <= 8.
 
 Legend: M rows, K input features, N output features.
@@ -19,7 +19,10 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
-ONE_PASS_NORM = True  # RMSNorm statistics in the main loop, scale applied to the sums (see the kernel)
+# RMSNorm statistics in the main loop, 1/rms applied to the sums (see the kernel). Off: on the H200 both forms read
+# the decode shapes equally fast (benchmarks/results/decode_profile.json, triton vs triton_twopass), and the two-pass
+# form rounds the normalised input exactly as LlamaRMSNorm does.
+ONE_PASS_NORM = False
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_warps=w)
             for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (4, 2048, 8), (8, 256, 4), (8, 512, 4),
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
