@@ -75,7 +75,7 @@ class MergedLinear:
 
     def project(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """x [..., D] -> [..., sum(out_i)], the outputs side by side (``norm`` as in ``__call__``)."""
-        return F.linear(x, self.weight) if norm is None else project(x, self.weight, Prologue(norm))
+        return project(x, self.weight, None if norm is None else Prologue(norm))
 
 
 def merge_linears(linears: list[nn.Linear]) -> MergedLinear | None:

@@ -15,6 +15,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from hylo_bench.kernels.gemv import triton_available
 from hylo_bench.models.cache import map_state
 from hylo_bench.serving.fused import Prologue, merge_linears, project
 from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step
@@ -93,7 +94,7 @@ class LinearServing:
             raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {w.device}")
         if prestep_backend == "auto":
             prestep_backend = "triton" if (w.device.type == "cuda" and w.dtype != torch.float64
-                                           and importlib.util.find_spec("triton") is not None
+                                           and triton_available()
                                            and getattr(module, "conv_size", 0) == 4) else "torch"
         self.prestep_backend = prestep_backend
         if kind == "gdn":
