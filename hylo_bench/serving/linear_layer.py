@@ -13,7 +13,6 @@ import importlib.util
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from hylo_bench.models.cache import map_state
 from hylo_bench.serving.fused import Prologue, merge_linears, project

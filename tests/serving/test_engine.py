@@ -374,8 +374,8 @@ def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
         assert next(mixer.parameters()).dtype == torch.float32  # the premise: A_log first, float32
         srv = LinearServing(mixer, "gdn" if kind == "gdn" else "mamba")
         assert srv.dtype == torch.float64
-        tensors = []
-        map_state(srv.new_state(2), lambda t: tensors.append(t) or t)
+        tensors: list[torch.Tensor] = []
+        map_state(srv.new_state(2), lambda t, out=tensors: out.append(t) or t)
         assert len(tensors) >= 2 and all(t.dtype == torch.float64 for t in tensors)
         if kind == "gdn":
             with pytest.raises(ValueError, match="4-tap convs in float32 / bfloat16 / float16; got conv_size=4, "
