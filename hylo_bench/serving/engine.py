@@ -311,7 +311,8 @@ class Engine(_EngineBase):
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
-            or "triton" without merged projections.
+            or "triton" without merged projections, an unknown ``fused_gemvs`` entry, or a ``gdn_prestep_backend``
+            :class:`LinearServing` refuses.
         torch.cuda.OutOfMemoryError: the caches do not fit.
     """
 

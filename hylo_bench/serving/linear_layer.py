@@ -13,7 +13,6 @@ import importlib.util
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from hylo_bench.kernels.gemv import triton_available
 from hylo_bench.models.cache import map_state
@@ -75,7 +74,8 @@ class LinearServing:
             the conv has 4 taps, torch otherwise); :mod:`hylo_bench.kernels.gated_delta.decode_prestep`.
 
     Raises:
-        ValueError: unknown ``prestep_backend``, or "triton" off CUDA.
+        ValueError: unknown ``prestep_backend``, or "triton" for a GDN mixer off CUDA, in float64 or with a conv
+            width other than 4.
     """
 
     def __init__(self, module, kind: str, gdn_decode_backend: str = "auto", merge_projections: bool = False,
@@ -85,13 +85,20 @@ class LinearServing:
         if kind == "gdn" and merge_projections:
             m = module
             self.merged = merge_linears([m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj, m.g_proj])
-        w = next(module.parameters())
+        # the first matrix (q_proj / in_proj): the module's own A_log / dt_bias come first in parameters() and stay
+        # float32 in a from_pretrained float64 or bf16 model
+        w = next(p for p in module.parameters() if p.dim() >= 2)
+        self.dtype = w.dtype
         self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend) if kind == "gdn" \
             else "torch"
         if prestep_backend not in PRESTEP_BACKENDS:
             raise ValueError(f"prestep_backend={prestep_backend!r}; expected one of {PRESTEP_BACKENDS}")
-        if prestep_backend == "triton" and w.device.type != "cuda":
-            raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {w.device}")
+        if prestep_backend == "triton" and kind == "gdn":
+            if getattr(module, "conv_size", 0) != 4 or w.dtype == torch.float64:
+                raise ValueError(f"prestep_backend='triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
+                                 f"conv_size={getattr(module, 'conv_size', None)}, {w.dtype} (use 'torch' or 'auto')")
+            if w.device.type != "cuda":
+                raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {w.device}")
         if prestep_backend == "auto":
             prestep_backend = "triton" if (w.device.type == "cuda" and w.dtype != torch.float64
                                            and triton_available()
@@ -105,7 +112,7 @@ class LinearServing:
     def new_state(self, batch: int):
         """Zero state for ``batch`` sequences (float64 recurrent state for float64 models, else the module's)."""
         state = self.m.empty_state(batch)
-        if next(self.m.parameters()).dtype == torch.float64:
+        if self.dtype == torch.float64:
             state = map_state(state, lambda t: t.double())
         return state
 

@@ -71,3 +71,38 @@ def test_triton_prestep_matches_reference_interpreter(B, H, K, Vd):
 def test_triton_prestep_on_cuda(B, H, K, Vd, dtype):
     pytest.importorskip("triton")
     _check_triton(B, H, K, Vd, dtype, "cuda")
+
+
+def test_triton_prestep_refuses_what_it_cannot_serve():
+    """Checked before any launch (no GPU or interpreter needed): float64 (the kernel sums in float32 and returns
+    float32 gates, while the reference and the custom op's fake give float64), a conv weight of the wrong row
+    count (the kernel would read past it), caches of unequal q / k width."""
+    pytest.importorskip("triton")
+    from hylo_bench.kernels.gated_delta.decode_prestep_triton import gdn_decode_prestep_triton
+
+    proj, caches, w, A_log, dt_bias = _inputs(dtype=torch.float64)
+    with pytest.raises(ValueError, match="float64 inputs take the reference"):
+        gdn_decode_prestep_triton(proj, caches, w, A_log, dt_bias)
+    proj, caches, w, A_log, dt_bias = _inputs(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"conv_weight must be \[C=96, 4\]"):
+        gdn_decode_prestep_triton(proj, caches, w[:-5], A_log, dt_bias)
+    with pytest.raises(ValueError, match="caches"):
+        gdn_decode_prestep_triton(proj, (caches[0], caches[0][:, :-1], caches[2]), w, A_log, dt_bias)
+    with pytest.raises(ValueError, match=r"proj must be \[B, 1, >= C \+ 2H = 102\]"):
+        gdn_decode_prestep_triton(proj[..., :101], caches, w, A_log, dt_bias)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 and triton")
+def test_triton_prestep_strided_gate_parameters():
+    """A_log / dt_bias given as strided views are read element by element."""
+    from hylo_bench.kernels.gated_delta.decode_prestep_triton import gdn_decode_prestep_triton
+
+    proj, caches, w, A_log, dt_bias = _inputs(B=1, dtype=torch.float32)
+    A_s = torch.stack([A_log, torch.zeros_like(A_log)], 1).reshape(-1)[::2]
+    dt_s = torch.stack([dt_bias, torch.zeros_like(dt_bias)], 1).reshape(-1)[::2]
+    ref_caches = tuple(c.clone() for c in caches)
+    _, g, beta = gdn_decode_prestep_triton(proj, caches, w, A_s, dt_s)
+    _, want_g, want_beta = gdn_decode_prestep_reference(proj, ref_caches, w, A_log, dt_bias)
+    torch.testing.assert_close(g, want_g, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(beta, want_beta, rtol=1e-5, atol=1e-6)

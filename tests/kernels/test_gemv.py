@@ -158,3 +158,46 @@ def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
     got, _ = engine.generate(ids, 6)
     assert torch.equal(got, want)
     assert len(calls) == 5 * (2 * 4 + 8) + 6  # 5 decode steps x 16 GEMVs, lm_head 6 times
+
+
+def test_triton_serves_only_cuda_non_float64_one_to_16_rows():
+    """The Triton kernel accumulates in float32 (a float64 input would lose the reference's precision: ~1e-6
+    absolute error on unit-size data in the interpreter) and needs at least one row (tl.arange(0, 0) fails)."""
+    from hylo_bench.kernels.gemv import triton_serves
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert triton_serves(cuda, torch.bfloat16, 1) and triton_serves(cuda, torch.float32, 16)
+    assert not triton_serves(cuda, torch.float64, 1)
+    assert not triton_serves(cuda, torch.bfloat16, 0) and not triton_serves(cuda, torch.bfloat16, 17)
+    assert not triton_serves(cpu, torch.bfloat16, 1)
+
+
+def test_mismatched_dtypes_name_the_argument():
+    """The result is in x's dtype on every back end: a residual / norm weight / weight of another dtype is refused
+    (the reference would otherwise promote to float64 or fail inside F.linear with a bare dtype message)."""
+    w = torch.zeros(8, 16)
+    with pytest.raises(ValueError, match="residual must have x's dtype torch.float32; got torch.float64"):
+        fused_gemv(torch.zeros(2, 16), w, residual=torch.zeros(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="norm_weight must have x's dtype torch.bfloat16"):
+        fused_gemv(torch.zeros(2, 16, dtype=torch.bfloat16), w.bfloat16(), norm_weight=torch.ones(16))
+    with pytest.raises(ValueError, match="weight must have x's dtype"):
+        fused_gemv(torch.zeros(2, 16, dtype=torch.bfloat16), w)
+
+
+@_interp
+@pytest.mark.usefixtures("_stub_autotune")
+def test_triton_kernel_strided_norm_weight(monkeypatch):
+    """A norm weight that is a strided view (stride 2) is read element by element, not as if contiguous."""
+    import triton
+
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 4, "BLOCK_K": 16, "PREFETCH": False})])
+    monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 40, generator=gen), torch.randn(10, 40, generator=gen)
+    nw = (torch.rand(80, generator=gen) + 0.5)[::2]
+    got = tk.fused_gemv_triton(x, w, nw, 1e-6, False, None)
+    want = fused_gemv_reference(x, w, norm_weight=nw, eps=1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

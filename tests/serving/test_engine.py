@@ -358,3 +358,26 @@ def test_fused_gemv_engine_refuses_unmerged():
         Engine(model, 1, 8, gemv_backend="cuda")
     with pytest.raises(ValueError, match=r"fused_gemvs \['qkv'\] unknown"):
         Engine(model, 1, 8, gemv_backend="triton", fused_gemvs=("in", "qkv"))
+
+
+def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
+    """from_pretrained keeps a GDN / Mamba-2 mixer's A_log (its first parameter) float32 in a float64 model: the
+    serving layer must take the model dtype from its projections (float64 recurrent state; "triton" pre-step
+    refused as float64, not picked by "auto" on CUDA)."""
+    from hylo_bench.models.cache import map_state
+    from hylo_bench.serving.linear_layer import LinearServing
+
+    for kind in ("gdn", "mamba"):
+        HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).save_pretrained(tmp_path / kind)
+        model = HyLoForCausalLM.from_pretrained(tmp_path / kind, dtype=torch.float64)
+        mixer = next(layer.mixer for layer in model.model.layers if layer.mixer_type != "mla")
+        assert next(mixer.parameters()).dtype == torch.float32  # the premise: A_log first, float32
+        srv = LinearServing(mixer, "gdn" if kind == "gdn" else "mamba")
+        assert srv.dtype == torch.float64
+        tensors: list[torch.Tensor] = []
+        map_state(srv.new_state(2), lambda t, out=tensors: out.append(t) or t)
+        assert len(tensors) >= 2 and all(t.dtype == torch.float64 for t in tensors)
+        if kind == "gdn":
+            with pytest.raises(ValueError, match="4-tap convs in float32 / bfloat16 / float16; got conv_size=4, "
+                                                 "torch.float64"):
+                LinearServing(mixer, "gdn", prestep_backend="triton")

@@ -63,28 +63,40 @@ def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
 def gdn_decode_prestep_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                               conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same arguments and results as the reference (float32 gates).
+    """Same arguments and results as the reference (float32 gates; float32 and bfloat16 / float16 inputs).
 
     Raises:
-        ValueError: not a 4-tap conv (W = 4 is every released layout), or a cache whose tap dim is strided.
+        ValueError: float64 inputs (the kernel sums in float32; use the reference), not a 4-tap conv (W = 4 is
+            every released layout), caches that are not [B, Ck | Ck | Cv, 3] with a unit tap stride, a conv weight
+            that is not [C, 4], or a proj narrower than C + 2H.
     """
     B = proj.shape[0]
     cq, ck, cv = conv_caches
     Ck, Cv, W1 = cq.shape[1], cv.shape[1], cq.shape[2]
     H = A_log.shape[0]
     C = 2 * Ck + Cv
+    if proj.dtype == torch.float64:
+        raise ValueError("the Triton GDN pre-step sums in float32; float64 inputs take the reference")
     p2 = proj.reshape(B, -1)
     if p2.stride(-1) != 1:
         p2 = p2.contiguous()
-    if W1 != 3 or conv_weight.shape[1] != 4 or any(t.stride(-1) != 1 for t in conv_caches):
-        raise ValueError(f"the Triton GDN pre-step serves 4-tap convs with caches [B, C, 3] of unit tap stride; "
-                         f"got caches {tuple(cq.shape)}, strides {cq.stride()} (use the reference)")
+    if W1 != 3 or any(t.stride(-1) != 1 or t.shape[2] != 3 or t.shape[0] != B for t in conv_caches) \
+            or ck.shape[1] != Ck:
+        raise ValueError(f"the Triton GDN pre-step serves 4-tap convs with caches [B={B}, Ck | Ck | Cv, 3] of unit "
+                         f"tap stride; got caches {[tuple(t.shape) for t in conv_caches]}, strides "
+                         f"{[t.stride() for t in conv_caches]} (use the reference)")
+    if tuple(conv_weight.shape) != (C, 4):
+        raise ValueError(f"conv_weight must be [C={C}, 4] (q, k, v conv weights stacked); "
+                         f"got {tuple(conv_weight.shape)}")
+    if p2.shape[1] < C + 2 * H or dt_bias.shape != (H,):
+        raise ValueError(f"proj must be [B, 1, >= C + 2H = {C + 2 * H}] and dt_bias [H={H}]; got proj "
+                         f"{tuple(proj.shape)}, dt_bias {tuple(dt_bias.shape)}")
     act = torch.empty(B, C, dtype=proj.dtype, device=proj.device)
     g = torch.empty(B, H, dtype=torch.float32, device=proj.device)
     beta = torch.empty_like(g)
     cw = conv_weight.contiguous()
     _gdn_decode_prestep_kernel[(triton.cdiv(C, BLOCK_C) + 1, B)](
-        p2, cq, ck, cv, cw, A_log, dt_bias, act, g, beta,
+        p2, cq, ck, cv, cw, A_log.contiguous(), dt_bias.contiguous(), act, g, beta,
         p2.stride(0), cq.stride(0), cq.stride(1), ck.stride(0), ck.stride(1), cv.stride(0), cv.stride(1),
         act.stride(0), g.stride(0), Ck, Cv, H,
         BLOCK_C=BLOCK_C, BLOCK_H=max(16, triton.next_power_of_2(H)), num_warps=4)

@@ -14,7 +14,8 @@ import torch
 
 from hylo_bench.kernels.gemv.reference import check_gemv_inputs, fused_gemv_reference
 
-__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference", "triton_available"]
+__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference", "triton_available",
+           "triton_serves"]
 
 GEMV_BACKENDS = ("torch", "triton")
 MAX_TRITON_ROWS = 16  # = triton_kernel.MAX_ROWS (kept here so the CPU path need not import Triton)
@@ -25,21 +26,28 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_serves(device: torch.device, dtype: torch.dtype, rows: int) -> bool:
+    """Whether ``fused_gemv(..., backend="triton")`` runs the Triton kernel for ``rows`` input rows of ``dtype`` on
+    ``device``: CUDA, 1 to ``MAX_TRITON_ROWS`` rows, and not float64 (the kernel accumulates in float32, which would
+    break the float64 reference's precision)."""
+    return device.type == "cuda" and dtype != torch.float64 and 0 < rows <= MAX_TRITON_ROWS
+
+
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
                glu: bool = False, residual: torch.Tensor | None = None, backend: str = "torch") -> torch.Tensor:
     """``residual + prologue(x) @ weight.T``: arguments as :func:`fused_gemv_reference` (x [..., K] or [..., 2K]
     with ``glu``, weight [N, K], norm_weight [K], residual [..., N]), result [..., N] in x's dtype.
 
-    ``backend="triton"`` runs the Triton kernel when x is on CUDA with at most 16 rows, and the torch path
-    otherwise (a prefill-sized input is a GEMM, not a GEMV).
+    ``backend="triton"`` runs the Triton kernel when :func:`triton_serves` (CUDA, not float64, 1 to 16 rows), and
+    the torch path otherwise (a prefill-sized input is a GEMM, not a GEMV; the kernel accumulates in float32).
 
     Raises:
-        ValueError: unknown backend, inconsistent shapes.
+        ValueError: unknown backend, inconsistent shapes or dtypes.
     """
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"GEMV backend {backend!r}; expected one of {GEMV_BACKENDS}")
     M, _, _ = check_gemv_inputs(x, weight, norm_weight, glu, residual)
-    if backend == "triton" and x.device.type == "cuda" and M <= MAX_TRITON_ROWS:
+    if backend == "triton" and triton_serves(x.device, x.dtype, M):
         from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
 
         return fused_gemv_triton(x, weight, norm_weight, eps, glu, residual)

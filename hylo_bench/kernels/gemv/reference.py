@@ -17,10 +17,11 @@ import torch.nn.functional as F
 
 def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, glu: bool,
                       residual: torch.Tensor | None) -> tuple[int, int, int]:
-    """Validate shapes; returns (M, N, K) with x viewed as [M, K] ([M, 2K] when ``glu``).
+    """Validate shapes and dtypes; returns (M, N, K) with x viewed as [M, K] ([M, 2K] when ``glu``).
 
     Raises:
-        ValueError: naming the argument, the expected and the received shape.
+        ValueError: naming the argument, the expected and the received shape, or a weight / norm_weight / residual
+            whose dtype is not x's (the result is in x's dtype on every back end).
     """
     if weight.dim() != 2:
         raise ValueError(f"weight must be [N, K]; got {tuple(weight.shape)}")
@@ -35,6 +36,9 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
         raise ValueError(f"norm_weight must be [K={K}]; got {tuple(norm_weight.shape)}")
     if residual is not None and residual.shape != (*x.shape[:-1], N):
         raise ValueError(f"residual must be {(*x.shape[:-1], N)} (x's leading dims, N); got {tuple(residual.shape)}")
+    for name, t in (("weight", weight), ("norm_weight", norm_weight), ("residual", residual)):
+        if t is not None and t.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's dtype {x.dtype}; got {t.dtype}")
     return x.numel() // width, N, K
 
 

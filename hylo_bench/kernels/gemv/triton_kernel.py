@@ -118,7 +118,7 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     r2 = residual.reshape(M, N) if residual is not None else y
     if r2.stride(-1) != 1:
         r2 = r2.contiguous()
-    nw = norm_weight if norm_weight is not None else weight  # dummy pointer when unused
+    nw = norm_weight.contiguous() if norm_weight is not None else weight  # dummy pointer when unused
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
         PROLOGUE=1 if norm_weight is not None else 2 if glu else 0, HAS_RES=residual is not None,
