@@ -83,6 +83,11 @@ def breakdown(events: list[tuple[str, float]], steps: int) -> dict:
 ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merged_gate_up", "mlp_down", "lm_head")
 
 
+# gemv record back end -> hylo_bench.kernels.gemv.triton_kernel.KERNEL
+GEMV_KERNELS = {"triton": "rowblock", "triton_onepass": "rowblock", "triton_persistent": "persistent",
+                "triton_tma": "persistent_tma"}
+
+
 def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass")) -> list[dict]:
     """Each distinct decode GEMV shape alone, timed over a CUDA graph of 50 calls that cycle through enough copies
     of the weight (>= 256 MB in all) that none is read from L2. Back ends: "cublas" (``F.linear``) and "triton"
@@ -126,6 +131,7 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
                 from hylo_bench.kernels.gemv import triton_kernel as tk
 
                 tk.ONE_PASS_NORM = backend == "triton_onepass"
+                tk.KERNEL = GEMV_KERNELS.get(backend, "rowblock")
 
                 fn = functools.partial(fused_gemv, x, norm_weight=nw if fuse == norm else None, glu=fuse == glu,
                                        residual=r if fuse != norm else None, backend="triton")
@@ -158,7 +164,9 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
             except Exception as exc:  # noqa: BLE001 - recorded, next shape
                 rec = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
             if backend.startswith("triton") and rec["status"] == "ok":
-                rec["triton_config"] = str(tk._fused_gemv_kernel.best_config)[:200]
+                kern = {"rowblock": tk._fused_gemv_kernel, "persistent": tk._fused_gemv_persistent_kernel,
+                        "persistent_tma": tk._fused_gemv_tma_kernel}[tk.KERNEL]
+                rec["triton_config"] = str(kern.best_config)[:200]
             recs.append({"kind": "gemv", "name": name, "backend": backend,
                          "fused": fuse if backend.startswith("triton") else "none", "out_features": n_out,
                          "in_features": n_in, "weight_bytes": nbytes, **rec})
@@ -179,11 +187,14 @@ def main() -> None:
                          "the fused Triton GEMVs (Engine(gemv_backend='triton')), +gemv=in.out: only those "
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
-                         "main loop (default: a first pass). Without suffixes: gemv and pre-step on torch")
+                         "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
+                         "persistent kernel (default: rowblock). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
     ap.add_argument("--no-gemv-records", action="store_true", help="skip the per-shape GEMV timings")
+    ap.add_argument("--gemv-backends", default="cublas,triton,triton_onepass",
+                    help=f"per-shape GEMV back ends: cublas and {', '.join(GEMV_KERNELS)} (the fused kernel's forms)")
     ap.add_argument("--table", type=Path, default=None, help="write the top kernels of each profile here")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
     args = ap.parse_args()
@@ -200,7 +211,7 @@ def main() -> None:
     bw = copy_bandwidth(device)
     env.update(model=info["name"], layout=info["layout"], copy_bandwidth_gb_per_s=bw / 1e9)
     if not args.no_gemv_records:
-        env["records"] += gemv_records(model, bw, device, dtype)
+        env["records"] += gemv_records(model, bw, device, dtype, tuple(args.gemv_backends.split(",")))
     write_result(args.out, env)
     tables = []
     cap = max(contexts) + args.steps + 16
@@ -210,7 +221,7 @@ def main() -> None:
         merged, compiled = how == "merged", flavour != "eager"
         from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
 
-        gemv, fused, prestep, one_pass = "torch", DEFAULT_FUSED_GEMVS, "torch", False
+        gemv, fused, prestep, one_pass, kernel = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock"
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"
@@ -219,6 +230,8 @@ def main() -> None:
                 prestep = "triton"
             elif extra == "onepass":  # the fused GEMV's RMSNorm statistics in its main loop
                 one_pass = True
+            elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
+                kernel = extra.partition("=")[2]
             else:
                 raise SystemExit(f"unknown variant suffix +{extra} in {variant!r}")
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
@@ -228,6 +241,7 @@ def main() -> None:
             from hylo_bench.kernels.gemv import triton_kernel
 
             triton_kernel.ONE_PASS_NORM = one_pass
+            triton_kernel.KERNEL = kernel
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
@@ -236,7 +250,7 @@ def main() -> None:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
-                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass}
+                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

@@ -102,6 +102,47 @@ def test_triton_kernel_matches_reference(M, N, K, mode, dtype, one_pass, prefetc
     _check_triton(M, N, K, mode, dtype, "cpu")
 
 
+@_interp
+@pytest.mark.slow
+@pytest.mark.usefixtures("_stub_autotune")
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 300)])
+@pytest.mark.parametrize("mode", ["norm", "norm+res", "glu+res"])
+@pytest.mark.parametrize("kernel", ["persistent", "persistent_tma"])
+@pytest.mark.parametrize("grid_mult", [0, 1])
+def test_persistent_kernel_matches_reference(M, N, K, mode, kernel, grid_mult, monkeypatch):
+    """The persistent kernels (pointer loads and TMA descriptors), one program per tile (GRID_MULT 0) and a grid of
+    four programs walking several row blocks each (GRID_MULT 1, four "multiprocessors" on CPU), with ragged N and K
+    so the last tiles are masked / zero-filled."""
+    import triton
+
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    kern = tk._fused_gemv_tma_kernel if kernel == "persistent_tma" else tk._fused_gemv_persistent_kernel
+    monkeypatch.setattr(tk, "KERNEL", kernel)
+    monkeypatch.setattr(kern, "configs", [triton.Config({"BLOCK_N": 4, "BLOCK_K": 16, "STAGES": 2,
+                                                         "GRID_MULT": grid_mult}, pre_hook=tk._tma_block_hook)])
+    monkeypatch.setattr(kern, "cache", {})
+    _check_triton(M, N, K, mode, torch.float32, "cpu")
+
+
+def test_unknown_triton_kernel_is_refused(monkeypatch):
+    tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    monkeypatch.setattr(tk, "KERNEL", "splitk")
+    with pytest.raises(ValueError, match="KERNEL='splitk'"):
+        tk.fused_gemv_triton(torch.zeros(1, 16), torch.zeros(8, 16), None, 1e-6, False, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["persistent", "persistent_tma"])
+@pytest.mark.parametrize("M,N,K,mode", [(1, 9228, 2048, "norm"), (1, 2048, 6144, "glu+res"), (4, 1664, 2048, "norm"),
+                                        (1, 2048, 3072, "plain+res")])
+def test_persistent_kernel_on_cuda_bf16(kernel, M, N, K, mode, monkeypatch):
+    tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    monkeypatch.setattr(tk, "KERNEL", kernel)
+    _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("M,N,K", [(1, 9228, 2048), (1, 2048, 6144), (4, 1664, 2048), (16, 130, 300)])

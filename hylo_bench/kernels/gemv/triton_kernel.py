@@ -9,6 +9,13 @@ L2-resident), so each program recomputes the prologue itself: the RMSNorm statis
 of the normalised input), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
 (N >= 1536) give hundreds of programs at BLOCK_N <= 8.
 
+Second kernel, ``KERNEL = "persistent"``: a grid of GRID_MULT programs per multiprocessor (or one program per
+tile with GRID_MULT 0), each walking its [BLOCK_N, BLOCK_K] tiles of W (tile t of the flattened (row block, K
+block) order, row blocks strided by the grid) in one software-pipelined loop (``tl.range(num_stages=STAGES)``):
+STAGES - 1 tiles are in flight while one is multiplied, through shared memory (``cp.async``) or, with ``USE_TMA``,
+the tensor-memory copy engine (a host :class:`~triton.tools.tensor_descriptor.TensorDescriptor`). The RMSNorm
+statistics are computed once per program, not once per row block.
+
 Legend: M rows, K input features, N output features.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
 # RMSNorm statistics in the main loop, 1/rms applied to the sums (see the kernel). Off: on the H200 both forms read
@@ -27,6 +35,27 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
             for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (4, 2048, 8), (8, 256, 4), (8, 512, 4),
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
             for pf in (False, True)]
+KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
+KERNELS = ("rowblock", "persistent", "persistent_tma")
+
+
+def _tma_block_hook(nargs):
+    """Autotune pre-hook: the host tensor descriptor's box is the config's tile."""
+    if isinstance(nargs.get("WD"), TensorDescriptor):
+        nargs["WD"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+def _persistent_configs(tma: bool) -> list:
+    out = []
+    tiles = ((2, 256), (4, 256), (8, 256), (16, 256), (16, 128), (32, 128)) if tma else \
+        ((1, 2048), (2, 1024), (4, 512), (4, 1024), (8, 256), (8, 512), (16, 256))
+    for bn, bk in tiles:
+        for stages in (3, 5):
+            for mult in ((0, 4, 8) if not tma else (2, 4, 8)):
+                w = 4 if bn * bk <= 2048 else 8
+                out.append(triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "GRID_MULT": mult},
+                                         num_warps=w, pre_hook=_tma_block_hook if tma else None))
+    return out
 
 
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES", "ONE_PASS"])
@@ -102,6 +131,94 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
 
 
+@triton.jit
+def _prologue_x(X, NW, x_rows, offs_k, mask_m, K, rstd, PROLOGUE: tl.constexpr):
+    """The input slice [M_PAD, BLOCK_K] after the prologue, in x's dtype (rounded as in the row-block kernel)."""
+    mask_k = offs_k < K
+    mask_x = mask_m[:, None] & mask_k[None, :]
+    xv = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
+    if PROLOGUE == 1:  # w_norm * round(x * rstd), rounded: LlamaRMSNorm in the model dtype
+        nw = tl.load(NW + offs_k, mask=mask_k, other=0.0)
+        xn = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
+        xv = (nw[None, :].to(tl.float32) * xn.to(tl.float32)).to(xv.dtype)
+    elif PROLOGUE == 2:  # round(silu(gate)) * up, rounded: LlamaMLP's act_fn(gate) * up
+        up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0)
+        gf = xv.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(xv.dtype)
+        xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+    return xv
+
+
+def _persistent_grid(n_sm: int):
+    def grid(meta):
+        tiles = triton.cdiv(meta["N"], meta["BLOCK_N"])
+        return (tiles if meta["GRID_MULT"] == 0 else min(tiles, n_sm * meta["GRID_MULT"]),)
+    return grid
+
+
+def _make_persistent(tma: bool):
+    @triton.autotune(configs=_persistent_configs(tma), key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES"])
+    @triton.jit
+    def kernel(X, W, WD, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
+               PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr, USE_TMA: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GRID_MULT: tl.constexpr):
+        """Persistent form (module docstring). PROLOGUE / HAS_RES / M_PAD as in the row-block kernel; WD: W's
+        tensor descriptor when USE_TMA (W is then unused)."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        n_tiles = tl.cdiv(N, BLOCK_N)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        my_tiles = tl.cdiv(n_tiles - pid, nprog)
+        offs_m = tl.arange(0, M_PAD)
+        mask_m = offs_m < M
+        x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+        rstd = tl.zeros([M_PAD], dtype=tl.float32)
+        if PROLOGUE == 1:
+            ss = tl.zeros([M_PAD], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+                xv = xv.to(tl.float32)
+                ss += tl.sum(xv * xv, 1)
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for it in tl.range(0, my_tiles * k_tiles, num_stages=STAGES):
+            j = it // k_tiles
+            kk = it - j * k_tiles
+            n0 = (pid + j * nprog) * BLOCK_N
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            offs_k = kk * BLOCK_K + tl.arange(0, BLOCK_K)
+            if USE_TMA:
+                w = WD.load([n0, kk * BLOCK_K]).to(tl.float32)
+            else:
+                w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                            mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
+            xv = _prologue_x(X, NW, x_rows, offs_k, mask_m, K, rstd, PROLOGUE).to(tl.float32)
+            if M_PAD == 1:
+                acc1 += w * xv
+            else:
+                acc += tl.sum(w[None, :, :] * xv[:, None, :], axis=2)
+            if kk == k_tiles - 1:
+                if M_PAD == 1:
+                    acc = tl.sum(acc1, 1)[None, :]
+                mask_y = mask_m[:, None] & (offs_n[None, :] < N)
+                y = acc.to(Y.dtype.element_ty)
+                if HAS_RES:
+                    r = tl.load(R + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask_y,
+                                other=0.0)
+                    y = (y.to(tl.float32) + r.to(tl.float32)).to(Y.dtype.element_ty)
+                tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
+                acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+                acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    return kernel
+
+
+_fused_gemv_persistent_kernel = _make_persistent(False)
+_fused_gemv_tma_kernel = _make_persistent(True)
+_N_SM: dict[int, int] = {}
+
+
 def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, glu: bool,
                       residual: torch.Tensor | None) -> torch.Tensor:
     """Triton version of :func:`hylo_bench.kernels.gemv.reference.fused_gemv_reference` (same arguments, checked
@@ -119,8 +236,23 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     if r2.stride(-1) != 1:
         r2 = r2.contiguous()
     nw = norm_weight.contiguous() if norm_weight is not None else weight  # dummy pointer when unused
+    prologue = 1 if norm_weight is not None else 2 if glu else 0
+    if KERNEL not in KERNELS:
+        raise ValueError(f"triton_kernel.KERNEL={KERNEL!r}; expected one of {KERNELS}")
+    if KERNEL != "rowblock":
+        dev = (x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+            if x.device.type == "cuda" else -1
+        if dev not in _N_SM:  # -1: Triton's interpreter on CPU (tests), four "multiprocessors"
+            _N_SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count if dev >= 0 else 4
+        tma = KERNEL == "persistent_tma"
+        wd = TensorDescriptor.from_tensor(weight, [1, 16]) if tma else weight  # box set per config (_tma_block_hook)
+        kern = _fused_gemv_tma_kernel if tma else _fused_gemv_persistent_kernel
+        kern[_persistent_grid(_N_SM[dev])](
+            x2, weight, wd, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0),
+            float(eps), PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
+            USE_TMA=tma)
+        return y.view(*lead, N)
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
-        PROLOGUE=1 if norm_weight is not None else 2 if glu else 0, HAS_RES=residual is not None,
-        M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM)
+        PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM)
     return y.view(*lead, N)
