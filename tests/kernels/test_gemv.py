@@ -176,7 +176,7 @@ def _check_triton(M, N, K, mode, dtype, device):
 def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
     """The serving engine with gemv_backend="triton" and the GDN pre-step kernel running the real kernels
     (interpreter, float32) gives the unfused engine's greedy tokens."""
-    import hylo_bench.serving.ops as ops
+    from hylo_bench.serving import ops
     from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
     from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.serving.engine import FUSED_GEMVS, Engine
