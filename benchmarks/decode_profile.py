@@ -84,8 +84,8 @@ ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merg
 
 
 # gemv record back end -> hylo_bench.kernels.gemv.triton_kernel.KERNEL
-GEMV_KERNELS = {"triton": "rowblock", "triton_onepass": "rowblock", "triton_persistent": "persistent",
-                "triton_tma": "persistent_tma"}
+GEMV_KERNELS = {"triton": "rowblock", "triton_onepass": "rowblock", "triton_nopdl": "rowblock",
+                "triton_persistent": "persistent", "triton_tma": "persistent_tma"}
 
 
 def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass")) -> list[dict]:
@@ -132,6 +132,7 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
 
                 tk.ONE_PASS_NORM = backend == "triton_onepass"
                 tk.KERNEL = GEMV_KERNELS.get(backend, "rowblock")
+                tk.PDL = False if backend == "triton_nopdl" else "auto"
 
                 fn = functools.partial(fused_gemv, x, norm_weight=nw if fuse == norm else None, glu=fuse == glu,
                                        residual=r if fuse != norm else None, backend="triton")
@@ -188,7 +189,8 @@ def main() -> None:
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
-                         "persistent kernel (default: rowblock). Without suffixes: gemv and pre-step on torch")
+                         "persistent kernel (default: rowblock); +nopdl: the row-block GEMV without programmatic dependent "
+                         "launch. Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -221,7 +223,7 @@ def main() -> None:
         merged, compiled = how == "merged", flavour != "eager"
         from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
 
-        gemv, fused, prestep, one_pass, kernel = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock"
+        gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"
@@ -230,6 +232,8 @@ def main() -> None:
                 prestep = "triton"
             elif extra == "onepass":  # the fused GEMV's RMSNorm statistics in its main loop
                 one_pass = True
+            elif extra == "nopdl":  # the row-block GEMV without programmatic dependent launch
+                pdl = False
             elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
                 kernel = extra.partition("=")[2]
             else:
@@ -242,6 +246,7 @@ def main() -> None:
 
             triton_kernel.ONE_PASS_NORM = one_pass
             triton_kernel.KERNEL = kernel
+            triton_kernel.PDL = pdl
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
@@ -250,7 +255,8 @@ def main() -> None:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
-                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel}
+                   "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel,
+                   "gemv_pdl": str(pdl)}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

@@ -138,9 +138,54 @@ def test_unknown_triton_kernel_is_refused(monkeypatch):
 @pytest.mark.parametrize("M,N,K,mode", [(1, 9228, 2048, "norm"), (1, 2048, 6144, "glu+res"), (4, 1664, 2048, "norm"),
                                         (1, 2048, 3072, "plain+res")])
 def test_persistent_kernel_on_cuda_bf16(kernel, M, N, K, mode, monkeypatch):
+    """Three configs of each (one program per tile; one and four programs per multiprocessor), not the whole
+    autotune space (its compiles take minutes)."""
     tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    kern = tk._fused_gemv_tma_kernel if kernel == "persistent_tma" else tk._fused_gemv_persistent_kernel
     monkeypatch.setattr(tk, "KERNEL", kernel)
+    monkeypatch.setattr(kern, "configs", [c for c in kern.configs if c.kwargs["STAGES"] == 3
+                                          and c.kwargs["BLOCK_N"] == 8 and c.kwargs["GRID_MULT"] in (0, 1, 4)])
+    monkeypatch.setattr(kern, "cache", {})
     _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("copy_weight", [False, True])
+def test_pdl_gemv_sees_the_previous_kernels_output_in_a_cuda_graph(copy_weight):
+    """With programmatic dependent launch the GEMV starts before the kernel that writes its input has finished; it
+    must still read the new x and residual (and, when the weight is a fresh copy, wait before reading it): a CUDA
+    graph of 12 (write x, residual; GEMV) pairs, each GEMV checked against the reference on its own inputs."""
+    tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    N, K, steps = 9228, 2048, 12
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xs = torch.randn(steps, 1, K, device="cuda", generator=gen, dtype=torch.bfloat16)
+    rs = torch.randn(steps, 1, N, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5).to(torch.bfloat16)
+    w_arg = w.t().contiguous().t() if copy_weight else w  # column-major: fused_gemv_triton copies it
+    nw = torch.rand(K, device="cuda", generator=gen, dtype=torch.bfloat16) + 0.5
+    xbuf, rbuf = torch.zeros_like(xs[0]), torch.zeros_like(rs[0])
+    outs = []
+
+    def run():
+        outs.clear()
+        for i in range(steps):
+            torch.mul(xs[i], 3.0, out=xbuf)
+            torch.mul(rs[i], 2.0, out=rbuf)
+            outs.append(tk.fused_gemv_triton(xbuf, w_arg, nw, 1e-6, False, rbuf))
+
+    run()  # autotune outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    xbuf.fill_(7.0)
+    g.replay()
+    torch.cuda.synchronize()
+    for i in range(steps):
+        want = fused_gemv_reference(xs[i] * 3.0, w, norm_weight=nw, eps=1e-6, residual=rs[i] * 2.0)
+        err = ((outs[i].float() - want.float()).norm() / want.float().norm()).item()
+        assert err < 1e-2, (i, err)
 
 
 @pytest.mark.gpu
@@ -176,9 +221,9 @@ def _check_triton(M, N, K, mode, dtype, device):
 def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
     """The serving engine with gemv_backend="triton" and the GDN pre-step kernel running the real kernels
     (interpreter, float32) gives the unfused engine's greedy tokens."""
-    from hylo_bench.serving import ops
     from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
     from hylo_bench.models.hybrid import HyLoForCausalLM
+    from hylo_bench.serving import ops
     from hylo_bench.serving.engine import FUSED_GEMVS, Engine
     from tests.conftest import tiny_hybrid_config
 

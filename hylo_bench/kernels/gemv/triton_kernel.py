@@ -36,6 +36,27 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
             for pf in (False, True)]
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
+# programmatic dependent launch for the row-block kernel: "auto" (on for CUDA devices of compute capability >= 9
+# when this Triton has grid dependency control), True, False
+PDL = "auto"
+_PDL_OK: dict[int, bool] = {}
+
+
+def _use_pdl(device: torch.device) -> bool:
+    """Whether the row-block kernel launches with programmatic dependent launch on ``device`` (see ``PDL``)."""
+    if PDL is not True and PDL != "auto":
+        return False
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_OK:
+        try:
+            from triton.language.extra.cuda import gdc_wait  # noqa: F401 - Triton >= 3.4
+            ok = torch.cuda.get_device_capability(idx)[0] >= 9
+        except ImportError:
+            ok = False
+        _PDL_OK[idx] = ok
+    return _PDL_OK[idx]
 KERNELS = ("rowblock", "persistent", "persistent_tma")
 
 
@@ -51,24 +72,26 @@ def _persistent_configs(tma: bool) -> list:
         ((1, 2048), (2, 1024), (4, 512), (4, 1024), (8, 256), (8, 512), (16, 256))
     for bn, bk in tiles:
         for stages in (3, 5):
-            for mult in ((0, 4, 8) if not tma else (2, 4, 8)):
+            for mult in ((0, 1, 2, 4) if not tma else (2, 4, 8)):
                 w = 4 if bn * bk <= 2048 else 8
                 out.append(triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "GRID_MULT": mult},
                                          num_warps=w, pre_hook=_tma_block_hook if tma else None))
     return out
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES", "ONE_PASS"])
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES", "ONE_PASS", "PDL"])
 @triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
                        PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr, ONE_PASS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+                       PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K).
 
     ONE_PASS (RMSNorm): sum(x^2) accumulates in the main loop and the products use w_norm * x unrounded; the
     1/rms scale multiplies the sums at the end (exact in real arithmetic; saves the dependent first pass over x,
     and skips the two bf16 roundings LlamaRMSNorm applies to the normalised input). PREFETCH: the next W tile is
-    loaded before the current one is used (two tiles in flight per program)."""
+    loaded before the current one is used (two tiles in flight per program). PDL (launched with programmatic
+    dependent launch, Hopper+): the first W tile is loaded before waiting for the previous kernel (W does not
+    depend on it; x and the residual do), and the next kernel may launch once every program has started."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -76,6 +99,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     mask_m = offs_m < M
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
+    if PREFETCH or PDL:
+        offs_k0 = tl.arange(0, BLOCK_K)
+        w_next = tl.load(w_rows + offs_k0[None, :], mask=mask_n[:, None] & (offs_k0[None, :] < K), other=0.0)
+    if PDL:  # everything below reads the previous kernel's output (x, residual) or writes ours
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     ss = tl.zeros([M_PAD], dtype=tl.float32)
     if PROLOGUE == 1 and not ONE_PASS:
         for k0 in range(0, K, BLOCK_K):
@@ -88,14 +117,11 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     # so the loop body is loads and FMAs only; several rows: reduce each tile ([M_PAD, BLOCK_N, BLOCK_K] -> sum K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if PREFETCH:
-        offs_k0 = tl.arange(0, BLOCK_K)
-        w_next = tl.load(w_rows + offs_k0[None, :], mask=mask_n[:, None] & (offs_k0[None, :] < K), other=0.0)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask_x = mask_m[:, None] & mask_k[None, :]
-        if PREFETCH:
+        if PREFETCH or PDL:
             w = w_next.to(tl.float32)
             offs_kn = offs_k + BLOCK_K
             w_next = tl.load(w_rows + offs_kn[None, :], mask=mask_n[:, None] & (offs_kn[None, :] < K), other=0.0)
@@ -229,7 +255,8 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    if weight.stride(-1) != 1:
+    weight_is_input = weight.stride(-1) == 1
+    if not weight_is_input:
         weight = weight.contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r2 = residual.reshape(M, N) if residual is not None else y
@@ -252,7 +279,10 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
             float(eps), PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
             USE_TMA=tma)
         return y.view(*lead, N)
+    # with PDL the kernel reads W before the previous kernel has finished: not when that kernel wrote W (the copy)
+    pdl = _use_pdl(x.device) and weight_is_input
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
-        PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM)
+        PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM,
+        PDL=pdl, launch_pdl=pdl)
     return y.view(*lead, N)
