@@ -217,7 +217,7 @@ def main() -> None:
     write_result(args.out, env)
     tables = []
     cap = max(contexts) + args.steps + 16
-    for variant in args.variants.split(","):
+    for variant in [v for v in args.variants.split(",") if v]:
         variant_base, *extras = variant.split("+")
         how, _, flavour = variant_base.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
