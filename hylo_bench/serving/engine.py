@@ -109,7 +109,7 @@ class _EngineBase:
         return B, T
 
     def _logits_to_token(self, hidden_B1D: torch.Tensor) -> torch.Tensor:
-        return self._lm_logits(hidden_B1D)[:, -1].argmax(-1)
+        return greedy_token(self._lm_logits(hidden_B1D)[:, -1])
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -608,6 +608,21 @@ class TransformerEngine(_EngineBase):
 
     def _decode(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self._logits_to_token(self._forward(tok[:, None], self.length))
+
+
+def greedy_token(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``logits.argmax(-1)`` for logits [B, V] -> [B] int64, in two stages: the maximum of each ``chunk`` of the
+    vocabulary, then the best chunk. Same result (the first maximal index, as ``torch.argmax``; NaN-free logits),
+    but under ``torch.compile`` the first stage runs B * V / chunk programs instead of one per row: a batch-1
+    argmax over Qwen3's 151,936 logits took 34 us on the H200 as one reduction (benchmarks/decode_profile.py)."""
+    B, V = logits.shape
+    if V <= chunk:
+        return logits.argmax(-1)
+    groups = -(-V // chunk)
+    padded = F.pad(logits, (0, groups * chunk - V), value=float("-inf"))
+    best, where = padded.view(B, groups, chunk).max(-1)  # [B, G]: first maximal index within each chunk
+    g = best.argmax(-1)  # the first chunk holding the maximum
+    return g * chunk + where.gather(-1, g[:, None])[:, 0]
 
 
 def make_engine(model, max_batch: int, max_context: int, prefill_chunk: int = 8192, **kw):

@@ -36,10 +36,13 @@ class Prologue:
         norm: the ``LlamaRMSNorm`` (``weight``, ``variance_epsilon``) the first GEMV applies to its input, or None
             (the input is already normalised).
         residual: [..., N] added to the output (the decoder layer's residual stream), or None.
+        gate: [..., K] with ``norm`` a :class:`hylo_bench.models.gdn.GatedRMSNorm` (``weight`` [head_v_dim],
+            ``eps``): GDN's output norm, per head and gated by ``silu(gate)``, in ``o_proj``'s prologue.
     """
 
     norm: nn.Module | None = None
     residual: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, fused: Prologue | None = None, glu: bool = False) -> torch.Tensor:
@@ -51,9 +54,10 @@ def project(x: torch.Tensor, weight: torch.Tensor, fused: Prologue | None = None
     from hylo_bench.serving.ops import fused_gemv_op
 
     norm = fused.norm if fused is not None else None
-    return fused_gemv_op(x, weight, norm_weight=None if norm is None else norm.weight,
-                         eps=1e-6 if norm is None else norm.variance_epsilon, glu=glu,
-                         residual=None if fused is None else fused.residual)
+    eps = 1e-6 if norm is None else getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    return fused_gemv_op(x, weight, norm_weight=None if norm is None else norm.weight, eps=eps, glu=glu,
+                         residual=None if fused is None else fused.residual,
+                         gate=None if fused is None else fused.gate)
 
 
 @dataclass

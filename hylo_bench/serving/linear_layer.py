@@ -159,7 +159,11 @@ class LinearServing:
         v = act[:, 2 * Ck:].view(B, 1, H, Vd)
         g, beta = g.view(B, 1, H), beta.view(B, 1, H)
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
-        o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
         if fused is not None and fused.residual is not None:
+            o = o.to(x.dtype).reshape(B, 1, H * Vd)
+            if m.o_norm.weight.dtype == x.dtype:  # o_norm in o_proj's prologue, residual in its epilogue
+                return project(o, m.o_proj.weight, Prologue(norm=m.o_norm, residual=fused.residual, gate=gate))
+            o = m.o_norm(o.view(B, 1, H, Vd), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
             return project(o, m.o_proj.weight, Prologue(residual=fused.residual))
+        o = m.o_norm(o.to(x.dtype), gate.view(B, 1, H, Vd)).reshape(B, 1, H * Vd)
         return m.o_proj(o)

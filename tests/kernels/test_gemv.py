@@ -54,6 +54,33 @@ def test_reference_glu_equals_llama_mlp_down():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_reference_gated_equals_gdn_o_norm_then_o_proj_plus_residual(dtype):
+    from hylo_bench.models.gdn import GatedRMSNorm
+
+    gen = torch.Generator().manual_seed(1)
+    H, Vd, N = 3, 16, 40
+    norm = GatedRMSNorm(Vd, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(Vd, generator=gen) + 0.5)
+    w = (torch.randn(N, H * Vd, generator=gen) / (H * Vd) ** 0.5).to(dtype)
+    o = (torch.randn(2, 1, H * Vd, generator=gen) * 3).to(dtype)
+    gate = torch.randn(2, 1, H * Vd, generator=gen).to(dtype)
+    res = torch.randn(2, 1, N, generator=gen).to(dtype)
+    with torch.no_grad():
+        want = res + torch.nn.functional.linear(norm(o.view(2, 1, H, Vd), gate.view(2, 1, H, Vd)).flatten(-2), w)
+        got = fused_gemv(o, w, norm_weight=norm.weight, eps=1e-5, residual=res, gate=gate)
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_gated_prologue_checks_the_group_and_gate():
+    w = torch.zeros(8, 48)
+    with pytest.raises(ValueError, match="G dividing K=48"):
+        fused_gemv(torch.zeros(1, 48), w, norm_weight=torch.ones(10), gate=torch.zeros(1, 48))
+    with pytest.raises(ValueError, match="gate must have x's shape"):
+        fused_gemv(torch.zeros(1, 48), w, norm_weight=torch.ones(16), gate=torch.zeros(1, 40))
+
+
 def test_bad_shapes_name_the_argument():
     w = torch.zeros(8, 16)
     with pytest.raises(ValueError, match=r"x must be \[..., 32\]"):
@@ -83,8 +110,9 @@ def _stub_autotune(monkeypatch):
 @_interp
 @pytest.mark.slow
 @pytest.mark.usefixtures("_stub_autotune")
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 300), (5, 17, 1030)])
-@pytest.mark.parametrize("mode,dtype", [(m, torch.float32) for m in ("plain", "norm", "norm+res", "glu+res")]
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 304), (5, 17, 1040)])
+@pytest.mark.parametrize("mode,dtype", [(m, torch.float32) for m in ("plain", "norm", "norm+res", "glu+res",
+                                                                     "gated+res")]
                          + [("plain+res", torch.bfloat16)])
 @pytest.mark.parametrize("one_pass,prefetch", [(True, False), (False, True)])
 def test_triton_kernel_matches_reference(M, N, K, mode, dtype, one_pass, prefetch, monkeypatch):
@@ -105,8 +133,8 @@ def test_triton_kernel_matches_reference(M, N, K, mode, dtype, one_pass, prefetc
 @_interp
 @pytest.mark.slow
 @pytest.mark.usefixtures("_stub_autotune")
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 300)])
-@pytest.mark.parametrize("mode", ["norm", "norm+res", "glu+res"])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 304)])
+@pytest.mark.parametrize("mode", ["norm", "norm+res", "glu+res", "gated+res"])
 @pytest.mark.parametrize("kernel", ["persistent", "persistent_tma"])
 @pytest.mark.parametrize("grid_mult", [0, 1])
 def test_persistent_kernel_matches_reference(M, N, K, mode, kernel, grid_mult, monkeypatch):
@@ -136,7 +164,7 @@ def test_unknown_triton_kernel_is_refused(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kernel", ["persistent", "persistent_tma"])
 @pytest.mark.parametrize("M,N,K,mode", [(1, 9228, 2048, "norm"), (1, 2048, 6144, "glu+res"), (4, 1664, 2048, "norm"),
-                                        (1, 2048, 3072, "plain+res")])
+                                        (1, 2048, 3072, "gated+res")])
 def test_persistent_kernel_on_cuda_bf16(kernel, M, N, K, mode, monkeypatch):
     """Three configs of each (one program per tile; one and four programs per multiprocessor), not the whole
     autotune space (its compiles take minutes)."""
@@ -197,18 +225,31 @@ def test_triton_kernel_on_cuda_bf16(M, N, K, mode):
     _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
 
 
-def _check_triton(M, N, K, mode, dtype, device):
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("M", [1, 4])
+def test_gated_norm_prologue_on_cuda_bf16(M):
+    """GDN's o_proj shape (12 heads of 256) with its gated norm, one rounding of the normalised input."""
+    pytest.importorskip("triton")
+    _check_triton(M, 2048, 3072, "gated+res", torch.bfloat16, "cuda", group=256)
+
+
+def _check_triton(M, N, K, mode, dtype, device, group=16):
+    """mode: prologue (plain / norm / glu / gated: GDN's gated norm over groups of ``group``) + "+res"."""
     from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
 
     gen = torch.Generator().manual_seed(M * N + K)
-    glu = mode.startswith("glu")
+    glu, gated = mode.startswith("glu"), mode.startswith("gated")
     x = (torch.randn(M, 2 * K if glu else K, generator=gen) * 2).to(dtype)
     w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype)
-    nw = (torch.rand(K, generator=gen) + 0.5).to(dtype) if mode.startswith("norm") else None
+    nw = (torch.rand(group if gated else K, generator=gen) + 0.5).to(dtype) \
+        if mode.startswith(("norm", "gated")) else None
     res = torch.randn(M, N, generator=gen).to(dtype) if mode.endswith("res") else None
-    x, w, nw, res = (t.to(device) if t is not None else None for t in (x, w, nw, res))
-    got = fused_gemv_triton(x, w, nw, 1e-6, glu, res)
-    want = fused_gemv_reference(x, w, norm_weight=nw, eps=1e-6, glu=glu, residual=res)
+    # the gate as the engine passes it: a strided column slice of a wider projection output
+    gate = torch.randn(M, K + 8, generator=gen).to(dtype)[:, 8:] if gated else None
+    x, w, nw, res, gate = (t.to(device) if t is not None else None for t in (x, w, nw, res, gate))
+    got = fused_gemv_triton(x, w, nw, 1e-6, glu, res, gate)
+    want = fused_gemv_reference(x, w, norm_weight=nw, eps=1e-6, glu=glu, residual=res, gate=gate)
     assert got.shape == want.shape and got.dtype == dtype
     # fp32: summation order only. bf16: one rounding of the output (the float32 accumulators agree to ~1e-6).
     tol = 1e-5 if dtype == torch.float32 else 1e-2

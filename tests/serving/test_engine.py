@@ -313,7 +313,8 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     import hylo_bench.serving.ops as ops
 
     orig = ops._impl_gemv
-    ops._impl_gemv = lambda *a: calls.append(a[2] is not None) or orig(*a)
+    gated = []
+    ops._impl_gemv = lambda *a: calls.append(a[2] is not None) or gated.append(a[6] is not None) or orig(*a)
     try:
         tok_got, got = run(engine)
     finally:
@@ -323,8 +324,11 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     # per decode step (4 steps after the prefill's token): 2 mixers' merged GEMV + out GEMV (fewer for Mamba-2),
     # 4 MLPs x 2, and the lm_head for prefill + 4 steps
     mixers = 4 if kind != "mamba" else 2
+    gdn = 2 if kind != "mamba" else 0  # GDN o_proj: the gated output norm in its prologue
     assert len(calls) == 4 * (2 * mixers + 8) + 5
-    assert sum(calls) == 4 * (mixers + 4) + 5  # with an RMSNorm prologue: first projections, gate_up, lm_head
+    # with a norm prologue: first projections, GDN o_proj (gated), gate_up, lm_head
+    assert sum(calls) == 4 * (mixers + gdn + 4) + 5
+    assert sum(gated) == 4 * gdn
 
 
 @pytest.mark.parametrize("subset", [("in", "out"), ("gate_up", "head"), ("out", "down")])
@@ -381,3 +385,17 @@ def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
             with pytest.raises(ValueError, match="4-tap convs in float32 / bfloat16 / float16; got conv_size=4, "
                                                  "torch.float64"):
                 LinearServing(mixer, "gdn", prestep_backend="triton")
+
+
+@pytest.mark.parametrize("V,chunk", [(151936, 1024), (1000, 64), (50, 64), (4097, 1024)])
+def test_greedy_token_equals_argmax_including_ties(V, chunk):
+    from hylo_bench.serving.engine import greedy_token
+
+    gen = torch.Generator().manual_seed(V)
+    logits = torch.randint(-3, 4, (3, V), generator=gen).to(torch.bfloat16)  # many ties: first index must win
+    logits[1, V - 1] = 9  # the maximum in the padded last chunk
+    logits[2, :] = -5
+    logits[2, [7, V // 2]] = 2.5
+    got = greedy_token(logits, chunk)
+    assert torch.equal(got, logits.argmax(-1)) and got.dtype == torch.int64
+    assert got[1].item() == V - 1 and got[2].item() == 7

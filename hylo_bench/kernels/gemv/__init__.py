@@ -34,21 +34,28 @@ def triton_serves(device: torch.device, dtype: torch.dtype, rows: int) -> bool:
 
 
 def fused_gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-               glu: bool = False, residual: torch.Tensor | None = None, backend: str = "torch") -> torch.Tensor:
+               glu: bool = False, residual: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+               backend: str = "torch") -> torch.Tensor:
     """``residual + prologue(x) @ weight.T``: arguments as :func:`fused_gemv_reference` (x [..., K] or [..., 2K]
-    with ``glu``, weight [N, K], norm_weight [K], residual [..., N]), result [..., N] in x's dtype.
+    with ``glu``, weight [N, K], norm_weight [K] (or [G] with ``gate`` [..., K]: GDN's gated group norm),
+    residual [..., N]), result [..., N] in x's dtype.
 
     ``backend="triton"`` runs the Triton kernel when :func:`triton_serves` (CUDA, not float64, 1 to 16 rows), and
-    the torch path otherwise (a prefill-sized input is a GEMM, not a GEMV; the kernel accumulates in float32).
+    the torch path otherwise (a prefill-sized input is a GEMM, not a GEMV; the kernel accumulates in float32), and
+    for a gated norm whose group is not a power of two <= 1024. On Hopper+ CUDA the kernel starts before the
+    previous kernel ends and reads ``weight`` early (programmatic dependent launch): the weight must not be
+    written by the kernel just before (decode weights are constant; a non-contiguous weight is copied and then
+    waited for).
 
     Raises:
         ValueError: unknown backend, inconsistent shapes or dtypes.
     """
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"GEMV backend {backend!r}; expected one of {GEMV_BACKENDS}")
-    M, _, _ = check_gemv_inputs(x, weight, norm_weight, glu, residual)
-    if backend == "triton" and triton_serves(x.device, x.dtype, M):
+    M, _, _ = check_gemv_inputs(x, weight, norm_weight, glu, residual, gate)
+    group_ok = gate is None or (norm_weight.numel() & (norm_weight.numel() - 1) == 0 and norm_weight.numel() <= 1024)
+    if backend == "triton" and triton_serves(x.device, x.dtype, M) and group_ok:
         from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
 
-        return fused_gemv_triton(x, weight, norm_weight, eps, glu, residual)
-    return fused_gemv_reference(x, weight, norm_weight=norm_weight, eps=eps, glu=glu, residual=residual)
+        return fused_gemv_triton(x, weight, norm_weight, eps, glu, residual, gate)
+    return fused_gemv_reference(x, weight, norm_weight=norm_weight, eps=eps, glu=glu, residual=residual, gate=gate)

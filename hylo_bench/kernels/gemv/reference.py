@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 
 def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, glu: bool,
-                      residual: torch.Tensor | None) -> tuple[int, int, int]:
+                      residual: torch.Tensor | None, gate: torch.Tensor | None = None) -> tuple[int, int, int]:
     """Validate shapes and dtypes; returns (M, N, K) with x viewed as [M, K] ([M, 2K] when ``glu``).
 
     Raises:
@@ -32,18 +32,25 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     if x.shape[-1] != width:
         raise ValueError(f"x must be [..., {width}] ({'2K for glu' if glu else 'K'}, K = weight.shape[1] = {K}); "
                          f"got {tuple(x.shape)}")
-    if norm_weight is not None and norm_weight.shape != (K,):
+    if gate is not None:
+        if norm_weight is None or norm_weight.dim() != 1 or K % norm_weight.numel():
+            raise ValueError(f"gate needs norm_weight [G] with G dividing K={K} (the group RMSNorm's weight); got "
+                             f"{None if norm_weight is None else tuple(norm_weight.shape)}")
+        if gate.shape != x.shape:
+            raise ValueError(f"gate must have x's shape {tuple(x.shape)}; got {tuple(gate.shape)}")
+    elif norm_weight is not None and norm_weight.shape != (K,):
         raise ValueError(f"norm_weight must be [K={K}]; got {tuple(norm_weight.shape)}")
     if residual is not None and residual.shape != (*x.shape[:-1], N):
         raise ValueError(f"residual must be {(*x.shape[:-1], N)} (x's leading dims, N); got {tuple(residual.shape)}")
-    for name, t in (("weight", weight), ("norm_weight", norm_weight), ("residual", residual)):
+    for name, t in (("weight", weight), ("norm_weight", norm_weight), ("residual", residual), ("gate", gate)):
         if t is not None and t.dtype != x.dtype:
             raise ValueError(f"{name} must have x's dtype {x.dtype}; got {t.dtype}")
     return x.numel() // width, N, K
 
 
 def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
-                         eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                         eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
+                         gate: torch.Tensor | None = None) -> torch.Tensor:
     """``residual + prologue(x) @ weight.T`` with the rounding of the unfused modules.
 
     Args:
@@ -53,6 +60,9 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: 
             float32 (also for float64 x) and the normalised x rounded to x's dtype before the weight multiply (as transformers does).
         glu: prologue SwiGLU: ``silu(gate) * up`` (``LlamaMLP``'s ``act_fn(gate_proj(x)) * up_proj(x)``).
         residual: [..., N] added after the product (``h + o_proj(o)``).
+        gate: [..., K] with norm_weight [G] (G dividing K): prologue = Gated DeltaNet's output norm
+            (:class:`hylo_bench.models.gdn.GatedRMSNorm`): RMSNorm over each group of G features, times norm_weight
+            and ``silu(gate)``, in float32 (float64 for float64 x), rounded once to x's dtype.
 
     Returns:
         [..., N] in x's dtype.
@@ -60,8 +70,14 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: 
     Raises:
         ValueError: see :func:`check_gemv_inputs`.
     """
-    check_gemv_inputs(x, weight, norm_weight, glu, residual)
-    if norm_weight is not None:
+    check_gemv_inputs(x, weight, norm_weight, glu, residual, gate)
+    if gate is not None:
+        G = norm_weight.numel()
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xg = x.to(dt).unflatten(-1, (-1, G))
+        xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)
+        x = (xg * norm_weight.to(dt) * F.silu(gate.to(dt).unflatten(-1, (-1, G)))).flatten(-2).to(x.dtype)
+    elif norm_weight is not None:
         xf = x.to(torch.float32)  # float32 even for float64 x, as LlamaRMSNorm does
         x = norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     elif glu:

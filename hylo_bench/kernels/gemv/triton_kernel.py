@@ -79,12 +79,23 @@ def _persistent_configs(tma: bool) -> list:
     return out
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES", "ONE_PASS", "PDL"])
+def _prune_for_group(configs, named_args, **kwargs):
+    """PROLOGUE 3 (grouped gated RMSNorm) needs whole groups in a K tile: BLOCK_K >= GROUP."""
+    group = kwargs.get("GROUP", named_args.get("GROUP", 1))
+    kept = [c for c in configs if c.kwargs["BLOCK_K"] >= group]
+    return kept or configs[:0]
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "ONE_PASS", "PDL"],
+                 prune_configs_by={"early_config_prune": _prune_for_group})
 @triton.jit
-def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
-                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr, ONE_PASS: tl.constexpr,
-                       PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K).
+def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_gm, stride_rm, stride_ym, eps,
+                       PROLOGUE: tl.constexpr, GROUP: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
+                       ONE_PASS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PREFETCH: tl.constexpr):
+    """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K), 3: GDN's output
+    norm: RMSNorm over each group of GROUP features (weight NW [GROUP]) times silu(gate) (G, row stride
+    stride_gm), in float32, rounded once (``GatedRMSNorm``).
 
     ONE_PASS (RMSNorm): sum(x^2) accumulates in the main loop and the products use w_norm * x unrounded; the
     1/rms scale multiplies the sums at the end (exact in real arithmetic; saves the dependent first pass over x,
@@ -98,6 +109,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
     offs_m = tl.arange(0, M_PAD)
     mask_m = offs_m < M
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+    g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     if PREFETCH or PDL:
         offs_k0 = tl.arange(0, BLOCK_K)
@@ -106,6 +118,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     ss = tl.zeros([M_PAD], dtype=tl.float32)
+    rstd = ss
     if PROLOGUE == 1 and not ONE_PASS:
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -127,20 +140,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
             w_next = tl.load(w_rows + offs_kn[None, :], mask=mask_n[:, None] & (offs_kn[None, :] < K), other=0.0)
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        xv = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
         if PROLOGUE == 1 and ONE_PASS:  # w_norm * x in float32; 1/rms applied to the sums below
-            xf = xv.to(tl.float32)
+            xf = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
             ss += tl.sum(xf * xf, 1)
             xv = tl.load(NW + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :] * xf
-        elif PROLOGUE == 1:  # w_norm * round(x * rstd), rounded: LlamaRMSNorm in the model dtype
-            nw = tl.load(NW + offs_k, mask=mask_k, other=0.0)
-            xn = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
-            xv = (nw[None, :].to(tl.float32) * xn.to(tl.float32)).to(xv.dtype)
-        elif PROLOGUE == 2:  # round(silu(gate)) * up, rounded: LlamaMLP's act_fn(gate) * up
-            up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0)
-            gf = xv.to(tl.float32)
-            act = (gf / (1.0 + tl.exp(-gf))).to(xv.dtype)
-            xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+        else:
+            xv = _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE, GROUP, M_PAD, BLOCK_K)
         if M_PAD == 1:
             acc1 += w * xv.to(tl.float32)
         else:
@@ -158,8 +163,11 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm,
 
 
 @triton.jit
-def _prologue_x(X, NW, x_rows, offs_k, mask_m, K, rstd, PROLOGUE: tl.constexpr):
-    """The input slice [M_PAD, BLOCK_K] after the prologue, in x's dtype (rounded as in the row-block kernel)."""
+def _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE: tl.constexpr, GROUP: tl.constexpr,
+                M_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The input slice [M_PAD, BLOCK_K] (columns offs_k) after the prologue, in x's dtype, rounded as the unfused
+    modules round (:func:`hylo_bench.kernels.gemv.reference.fused_gemv_reference`). rstd [M_PAD]: PROLOGUE 1's
+    1/rms. PROLOGUE 3 needs offs_k to start on a group boundary and BLOCK_K % GROUP == 0."""
     mask_k = offs_k < K
     mask_x = mask_m[:, None] & mask_k[None, :]
     xv = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
@@ -172,6 +180,13 @@ def _prologue_x(X, NW, x_rows, offs_k, mask_m, K, rstd, PROLOGUE: tl.constexpr):
         gf = xv.to(tl.float32)
         act = (gf / (1.0 + tl.exp(-gf))).to(xv.dtype)
         xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
+    elif PROLOGUE == 3:  # rmsnorm per group * w_norm * silu(gate) in float32, rounded once: GatedRMSNorm
+        x3 = tl.reshape(xv.to(tl.float32), [M_PAD, BLOCK_K // GROUP, GROUP])
+        r3 = 1.0 / tl.sqrt(tl.sum(x3 * x3, 2) / GROUP + eps)
+        xn = tl.reshape(x3 * r3[:, :, None], [M_PAD, BLOCK_K])
+        nw = tl.load(NW + offs_k % GROUP, mask=mask_k, other=0.0).to(tl.float32)
+        gt = tl.load(g_rows + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
+        xv = (xn * nw[None, :] * (gt / (1.0 + tl.exp(-gt)))).to(xv.dtype)
     return xv
 
 
@@ -183,10 +198,12 @@ def _persistent_grid(n_sm: int):
 
 
 def _make_persistent(tma: bool):
-    @triton.autotune(configs=_persistent_configs(tma), key=["N", "K", "M_PAD", "PROLOGUE", "HAS_RES"])
+    @triton.autotune(configs=_persistent_configs(tma), key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES"],
+                     prune_configs_by={"early_config_prune": _prune_for_group})
     @triton.jit
-    def kernel(X, W, WD, NW, R, Y, M, N, K, stride_xm, stride_wn, stride_rm, stride_ym, eps,
-               PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr, USE_TMA: tl.constexpr,
+    def kernel(X, W, WD, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_gm, stride_rm, stride_ym, eps,
+               PROLOGUE: tl.constexpr, GROUP: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
+               USE_TMA: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, GRID_MULT: tl.constexpr):
         """Persistent form (module docstring). PROLOGUE / HAS_RES / M_PAD as in the row-block kernel; WD: W's
         tensor descriptor when USE_TMA (W is then unused)."""
@@ -198,6 +215,7 @@ def _make_persistent(tma: bool):
         offs_m = tl.arange(0, M_PAD)
         mask_m = offs_m < M
         x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+        g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
         rstd = tl.zeros([M_PAD], dtype=tl.float32)
         if PROLOGUE == 1:
             ss = tl.zeros([M_PAD], dtype=tl.float32)
@@ -220,7 +238,8 @@ def _make_persistent(tma: bool):
             else:
                 w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                             mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
-            xv = _prologue_x(X, NW, x_rows, offs_k, mask_m, K, rstd, PROLOGUE).to(tl.float32)
+            xv = _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE, GROUP, M_PAD,
+                             BLOCK_K).to(tl.float32)
             if M_PAD == 1:
                 acc1 += w * xv
             else:
@@ -246,9 +265,10 @@ _N_SM: dict[int, int] = {}
 
 
 def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, glu: bool,
-                      residual: torch.Tensor | None) -> torch.Tensor:
+                      residual: torch.Tensor | None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of :func:`hylo_bench.kernels.gemv.reference.fused_gemv_reference` (same arguments, checked
-    by the caller). x: [..., K] or [..., 2K] with at most ``MAX_ROWS`` rows; returns [..., N] in x's dtype."""
+    by the caller; with ``gate`` the group size ``norm_weight.numel()`` must be a power of two <= 1024). x: [..., K]
+    or [..., 2K] with at most ``MAX_ROWS`` rows; returns [..., N] in x's dtype."""
     N, K = weight.shape
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -263,7 +283,11 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     if r2.stride(-1) != 1:
         r2 = r2.contiguous()
     nw = norm_weight.contiguous() if norm_weight is not None else weight  # dummy pointer when unused
-    prologue = 1 if norm_weight is not None else 2 if glu else 0
+    g2 = gate.reshape(M, K) if gate is not None else x2  # dummy pointer when unused
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    group = norm_weight.numel() if gate is not None else 1
+    prologue = 3 if gate is not None else 1 if norm_weight is not None else 2 if glu else 0
     if KERNEL not in KERNELS:
         raise ValueError(f"triton_kernel.KERNEL={KERNEL!r}; expected one of {KERNELS}")
     if KERNEL != "rowblock":
@@ -275,14 +299,14 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
         wd = TensorDescriptor.from_tensor(weight, [1, 16]) if tma else weight  # box set per config (_tma_block_hook)
         kern = _fused_gemv_tma_kernel if tma else _fused_gemv_persistent_kernel
         kern[_persistent_grid(_N_SM[dev])](
-            x2, weight, wd, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0),
-            float(eps), PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
+            x2, weight, wd, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
+            y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
             USE_TMA=tma)
         return y.view(*lead, N)
     # with PDL the kernel reads W before the previous kernel has finished: not when that kernel wrote W (the copy)
     pdl = _use_pdl(x.device) and weight_is_input
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-        x2, weight, nw, r2, y, M, N, K, x2.stride(0), weight.stride(0), r2.stride(0), y.stride(0), float(eps),
-        PROLOGUE=prologue, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM,
+        x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0), y.stride(0),
+        float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM,
         PDL=pdl, launch_pdl=pdl)
     return y.view(*lead, N)
