@@ -132,7 +132,9 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
 
                 tk.ONE_PASS_NORM = backend == "triton_onepass"
                 tk.KERNEL = GEMV_KERNELS.get(backend, "rowblock")
-                tk.PDL = False if backend == "triton_nopdl" else "auto"
+                from hylo_bench.kernels import pdl as pdl_mode
+
+                pdl_mode.MODE = False if backend == "triton_nopdl" else "auto"
 
                 fn = functools.partial(fused_gemv, x, norm_weight=nw if fuse == norm else None, glu=fuse == glu,
                                        residual=r if fuse != norm else None, backend="triton")
@@ -189,8 +191,8 @@ def main() -> None:
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
-                         "persistent kernel (default: rowblock); +nopdl: the row-block GEMV without programmatic dependent "
-                         "launch. Without suffixes: gemv and pre-step on torch")
+                         "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without programmatic "
+                         "dependent launch. Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -246,7 +248,9 @@ def main() -> None:
 
             triton_kernel.ONE_PASS_NORM = one_pass
             triton_kernel.KERNEL = kernel
-            triton_kernel.PDL = pdl
+            from hylo_bench.kernels import pdl as pdl_mode
+
+            pdl_mode.MODE = pdl
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,

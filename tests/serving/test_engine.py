@@ -31,9 +31,9 @@ def rope_float64(monkeypatch):
 
 
 LAYOUTS = {
-    "gdn": dict(),
-    "mamba": dict(linear_type="mamba"),
-    "gdn-qknorm": dict(use_qk_norm=True),
+    "gdn": {},
+    "mamba": {"linear_type": "mamba"},
+    "gdn-qknorm": {"use_qk_norm": True},
 }
 
 
@@ -190,7 +190,6 @@ def test_compiled_decode_step_traces_whole_and_gives_the_same_tokens():
 def test_gdn_decode_custom_op_updates_the_state_like_the_step():
     """hylo::gdn_decode_step mutates the state in place to the torch step's new state (float64)."""
     from hylo_bench.kernels.gated_delta import gated_delta_rule_step
-    from hylo_bench.serving.ops import gdn_decode_step
 
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(2, 1, 3, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -310,7 +309,7 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     assert engine.fused == [(kind != "mamba", True), (True, True), (kind != "mamba", True), (True, True)]
     assert engine.fused_head
     calls = []
-    import hylo_bench.serving.ops as ops
+    from hylo_bench.serving import ops
 
     orig = ops._impl_gemv
     gated = []

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hylo_bench.kernels.pdl import use_pdl
+
 BLOCK_C = 256
 
 
@@ -20,7 +22,9 @@ BLOCK_C = 256
 def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
                                stride_pb, stride_qb, stride_qc, stride_kb, stride_kc, stride_vb, stride_vc,
                                stride_ab, stride_gb, Ck, Cv, H,
-                               BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+                               BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    """PDL (programmatic dependent launch): the constant conv weights / A_log / dt_bias are read before waiting for
+    the previous kernel (the GEMV that writes P)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     C = 2 * Ck + Cv
@@ -30,19 +34,25 @@ def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
         mask = c < C
         in_q = c < Ck
         in_k = (c >= Ck) & (c < 2 * Ck)
-        in_v = (c >= 2 * Ck) & mask
         ptr = tl.where(in_q, CQ + b * stride_qb + c * stride_qc,
                        tl.where(in_k, CK + b * stride_kb + (c - Ck) * stride_kc,
                                 CV + b * stride_vb + (c - 2 * Ck) * stride_vc))
+        wrow = CW + c * 4
+        w0 = tl.load(wrow, mask=mask, other=0.0).to(tl.float32)
+        w1 = tl.load(wrow + 1, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(wrow + 2, mask=mask, other=0.0).to(tl.float32)
+        w3 = tl.load(wrow + 3, mask=mask, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         x_new = tl.load(P + b * stride_pb + c, mask=mask, other=0.0)
         c0 = tl.load(ptr, mask=mask, other=0.0)  # the three cached taps, oldest first (all read before any write)
         c1 = tl.load(ptr + 1, mask=mask, other=0.0)
         c2 = tl.load(ptr + 2, mask=mask, other=0.0)
-        wrow = CW + c * 4
-        acc = c0.to(tl.float32) * tl.load(wrow, mask=mask, other=0.0).to(tl.float32)
-        acc += c1.to(tl.float32) * tl.load(wrow + 1, mask=mask, other=0.0).to(tl.float32)
-        acc += c2.to(tl.float32) * tl.load(wrow + 2, mask=mask, other=0.0).to(tl.float32)
-        acc += x_new.to(tl.float32) * tl.load(wrow + 3, mask=mask, other=0.0).to(tl.float32)
+        acc = c0.to(tl.float32) * w0
+        acc += c1.to(tl.float32) * w1
+        acc += c2.to(tl.float32) * w2
+        acc += x_new.to(tl.float32) * w3
         tl.store(ptr, c1, mask=mask)
         tl.store(ptr + 1, c2, mask=mask)
         tl.store(ptr + 2, x_new.to(c0.dtype), mask=mask)
@@ -51,11 +61,16 @@ def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
     else:
         h = tl.arange(0, BLOCK_H)
         mh = h < H
+        dtb = tl.load(DTB + h, mask=mh, other=0.0).to(tl.float32)
+        a_log = tl.load(ALOG + h, mask=mh, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         a = tl.load(P + b * stride_pb + C + h, mask=mh, other=0.0).to(tl.float32)
         bb = tl.load(P + b * stride_pb + C + H + h, mask=mh, other=0.0).to(tl.float32)
-        z = a + tl.load(DTB + h, mask=mh, other=0.0).to(tl.float32)
+        z = a + dtb
         softplus = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))  # torch's threshold 20
-        g = -tl.exp(tl.load(ALOG + h, mask=mh, other=0.0).to(tl.float32)) * softplus
+        g = -tl.exp(a_log) * softplus
         tl.store(G + b * stride_gb + h, g, mask=mh)
         tl.store(BETA + b * stride_gb + h, 1.0 / (1.0 + tl.exp(-bb)), mask=mh)
 
@@ -95,9 +110,12 @@ def gdn_decode_prestep_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tenso
     g = torch.empty(B, H, dtype=torch.float32, device=proj.device)
     beta = torch.empty_like(g)
     cw = conv_weight.contiguous()
+    a_log, dtb = A_log.contiguous(), dt_bias.contiguous()
+    # PDL reads cw / a_log / dtb before the previous kernel ends: not when that kernel made them (a contiguous copy)
+    pdl = use_pdl(proj.device) and all(t is u for t, u in ((cw, conv_weight), (a_log, A_log), (dtb, dt_bias)))
     _gdn_decode_prestep_kernel[(triton.cdiv(C, BLOCK_C) + 1, B)](
-        p2, cq, ck, cv, cw, A_log.contiguous(), dt_bias.contiguous(), act, g, beta,
+        p2, cq, ck, cv, cw, a_log, dtb, act, g, beta,
         p2.stride(0), cq.stride(0), cq.stride(1), ck.stride(0), ck.stride(1), cv.stride(0), cv.stride(1),
         act.stride(0), g.stride(0), Ck, Cv, H,
-        BLOCK_C=BLOCK_C, BLOCK_H=max(16, triton.next_power_of_2(H)), num_warps=4)
+        BLOCK_C=BLOCK_C, BLOCK_H=max(16, triton.next_power_of_2(H)), PDL=pdl, num_warps=4, launch_pdl=pdl)
     return act, g, beta

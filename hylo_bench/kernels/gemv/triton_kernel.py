@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from hylo_bench.kernels.pdl import use_pdl
+
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
 # RMSNorm statistics in the main loop, 1/rms applied to the sums (see the kernel). Off: on the H200 both forms read
 # the decode shapes equally fast (benchmarks/results/decode_profile.json, triton vs triton_twopass), and the two-pass
@@ -36,27 +38,7 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
             for pf in (False, True)]
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
-# programmatic dependent launch for the row-block kernel: "auto" (on for CUDA devices of compute capability >= 9
-# when this Triton has grid dependency control), True, False
-PDL = "auto"
-_PDL_OK: dict[int, bool] = {}
 
-
-def _use_pdl(device: torch.device) -> bool:
-    """Whether the row-block kernel launches with programmatic dependent launch on ``device`` (see ``PDL``)."""
-    if PDL is not True and PDL != "auto":
-        return False
-    if device.type != "cuda" or torch.version.hip is not None:
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _PDL_OK:
-        try:
-            from triton.language.extra.cuda import gdc_wait  # noqa: F401 - Triton >= 3.4
-            ok = torch.cuda.get_device_capability(idx)[0] >= 9
-        except ImportError:
-            ok = False
-        _PDL_OK[idx] = ok
-    return _PDL_OK[idx]
 KERNELS = ("rowblock", "persistent", "persistent_tma")
 
 
@@ -304,7 +286,7 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
             USE_TMA=tma)
         return y.view(*lead, N)
     # with PDL the kernel reads W before the previous kernel has finished: not when that kernel wrote W (the copy)
-    pdl = _use_pdl(x.device) and weight_is_input
+    pdl = use_pdl(x.device) and weight_is_input
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0), y.stride(0),
         float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM,
