@@ -61,6 +61,18 @@ def _persistent_configs(tma: bool) -> list:
     return out
 
 
+@triton.jit
+def _rms_rstd(x_rows, mask_m, K, eps, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) per row [M_PAD], float32 (LlamaRMSNorm's statistics), in a pass over x."""
+    ss = tl.zeros([M_PAD], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+        xv = xv.to(tl.float32)
+        ss += tl.sum(xv * xv, 1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
 def _prune_for_group(configs, named_args, **kwargs):
     """PROLOGUE 3 (grouped gated RMSNorm) needs whole groups in a K tile: BLOCK_K >= GROUP."""
     group = kwargs.get("GROUP", named_args.get("GROUP", 1))
@@ -102,12 +114,7 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
     ss = tl.zeros([M_PAD], dtype=tl.float32)
     rstd = ss
     if PROLOGUE == 1 and not ONE_PASS:
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
-            xv = xv.to(tl.float32)
-            ss += tl.sum(xv * xv, 1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        rstd = _rms_rstd(x_rows, mask_m, K, eps, M_PAD, BLOCK_K)
     # one row (batch-1 decode): accumulate [BLOCK_N, BLOCK_K] products element-wise and reduce once at the end,
     # so the loop body is loads and FMAs only; several rows: reduce each tile ([M_PAD, BLOCK_N, BLOCK_K] -> sum K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
@@ -200,13 +207,7 @@ def _make_persistent(tma: bool):
         g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
         rstd = tl.zeros([M_PAD], dtype=tl.float32)
         if PROLOGUE == 1:
-            ss = tl.zeros([M_PAD], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
-                xv = xv.to(tl.float32)
-                ss += tl.sum(xv * xv, 1)
-            rstd = 1.0 / tl.sqrt(ss / K + eps)
+            rstd = _rms_rstd(x_rows, mask_m, K, eps, M_PAD, BLOCK_K)
         acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for it in tl.range(0, my_tiles * k_tiles, num_stages=STAGES):
