@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope, write_result
 from serving_sweep import build, copy_bandwidth, decode_bytes_per_token, free
 
-CATEGORIES = (("mla_decode", ("_mla_decode",)), ("gdn_step", ("fused_recurrent",)),
+CATEGORIES = (("mla_decode", ("_mla_decode",)), ("gdn_step", ("fused_recurrent", "_gdn_decode_token")),
               ("matmul", ("gemv", "gemm", "sm90", "xmma", "cutlass", "triton_tem", "splitk", "_mm_", "cublas")),
               ("fused_elementwise", ("triton_poi", "triton_red", "triton_per")))
 
@@ -192,7 +192,8 @@ def main() -> None:
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
                          "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without programmatic "
-                         "dependent launch. Without suffixes: gemv and pre-step on torch")
+                         "dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default auto: the one-kernel "
+                         "token on CUDA). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
@@ -226,6 +227,7 @@ def main() -> None:
         from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
 
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
+        gdn = "auto"
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"
@@ -236,6 +238,8 @@ def main() -> None:
                 one_pass = True
             elif extra == "nopdl":  # the row-block GEMV without programmatic dependent launch
                 pdl = False
+            elif extra.startswith("gdn="):  # the GDN decode back end (LinearServing)
+                gdn = extra.partition("=")[2]
             elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
                 kernel = extra.partition("=")[2]
             else:
@@ -254,13 +258,16 @@ def main() -> None:
         t0 = time.perf_counter()
         engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
-                        gdn_prestep_backend=prestep if device != "cpu" else "torch", **({} if args.smoke else kw))
+                        gdn_prestep_backend=prestep if device != "cpu" else "torch",
+                        gdn_decode_backend=gdn if device != "cpu" else "torch", **({} if args.smoke else kw))
         for T in contexts:
             rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
                    "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel,
-                   "gemv_pdl": str(pdl)}
+                   "gemv_pdl": str(pdl),
+                   "gdn_decode_backend": next((m.gdn_backend for m in engine.mixers if hasattr(m, "gdn_backend")),
+                                              "")}
             try:
                 timings = engine.decode_benchmark(1, T, args.steps)
                 nbytes = decode_bytes_per_token(model, engine, T, 1)

@@ -1,6 +1,6 @@
 """GDN and Mamba-2 mixers over preallocated states, for the serving engine: chunked prefill through the module's
-own forward (fla chunk kernels on CUDA, torch on CPU) and single-token decode (GDN: fla's fused recurrent kernel
-on CUDA when installed, the torch step otherwise; Mamba-2: the module's torch step). States are updated in place,
+own forward (fla chunk kernels on CUDA, torch on CPU) and single-token decode (GDN: one Triton kernel for the
+whole token on CUDA, or fla's fused recurrent kernel after a pre-step, or the torch step; Mamba-2: the module's torch step). States are updated in place,
 so their addresses never change (CUDA graphs).
 
 Legend: B batch, T tokens, D hidden, H heads, K / Vd GDN key / value head dims, C conv channels, W conv width.
@@ -17,10 +17,10 @@ import torch
 from hylo_bench.kernels.gemv import triton_available
 from hylo_bench.models.cache import map_state
 from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step
+from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
 
 logger = logging.getLogger(__name__)
-GDN_DECODE_BACKENDS = ("auto", "torch", "fla")
+GDN_DECODE_BACKENDS = ("auto", "torch", "fla", "triton")
 PRESTEP_BACKENDS = ("auto", "torch", "triton")
 
 
@@ -39,23 +39,37 @@ def _copy_state(dst, src) -> None:
         d.copy_(s)
 
 
-def select_gdn_decode_backend(device: torch.device, dtype: torch.dtype, backend: str) -> str:
-    """"fla" on CUDA (non-float64) when fla is installed and ``backend`` allows it, else "torch".
+def select_gdn_decode_backend(device: torch.device, dtype: torch.dtype, backend: str, conv_size: int = 4) -> str:
+    """The GDN decode back end: "triton" (the whole token, convolutions to output, in one kernel:
+    :mod:`hylo_bench.kernels.gated_delta.decode_token_triton`), "fla" (fla's recurrent kernel after the pre-step) or
+    "torch". "auto": triton on CUDA (non-float64, 4-tap convs) when Triton imports, else fla on CUDA when installed,
+    else torch.
 
     Raises:
-        ValueError: unknown backend, or "fla" requested on a non-CUDA device.
-        ImportError: "fla" requested but not installed.
+        ValueError: unknown backend; "fla" or "triton" requested off CUDA; "triton" for float64 or a conv width
+            other than 4.
+        ImportError: "fla" requested but not installed; "triton" requested but Triton does not import.
     """
     if backend not in GDN_DECODE_BACKENDS:
         raise ValueError(f"GDN decode backend {backend!r}; expected one of {GDN_DECODE_BACKENDS}")
+    if backend in ("fla", "triton") and device.type != "cuda":
+        raise ValueError(f"GDN decode backend {backend!r} needs CUDA; got {device}. Use 'torch'.")
+    triton_ok = device.type == "cuda" and dtype != torch.float64 and conv_size == 4 and triton_available()
+    if backend == "triton":
+        if dtype == torch.float64 or conv_size != 4:
+            raise ValueError(f"GDN decode backend 'triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
+                             f"conv_size={conv_size}, {dtype} (use 'torch' or 'auto')")
+        if not triton_available():
+            raise ImportError("GDN decode backend 'triton' needs Triton (it ships with CUDA builds of torch)")
+        return "triton"
     fla_ok = importlib.util.find_spec("fla") is not None
     if backend == "fla":
-        if device.type != "cuda":
-            raise ValueError(f"GDN decode backend 'fla' needs CUDA; got {device}. Use 'torch'.")
         if not fla_ok:
             raise ImportError("GDN decode backend 'fla' needs flash-linear-attention: pip install "
                               "'hylo-bench[gpu]' (or flash-linear-attention fla-core[cuda])")
         return "fla"
+    if backend == "auto" and triton_ok:
+        return "triton"
     if backend == "auto" and device.type == "cuda" and dtype != torch.float64 and fla_ok:
         return "fla"
     return "torch"
@@ -66,7 +80,9 @@ class LinearServing:
     preallocated state (``GDNState`` / ``Mamba2State``, from the module's ``empty_state``).
 
     Args:
-        module: the mixer. kind: "gdn" or "mamba". gdn_decode_backend: "auto", "torch" or "fla".
+        module: the mixer. kind: "gdn" or "mamba". gdn_decode_backend: "auto", "torch", "fla" or "triton"
+            (:func:`select_gdn_decode_backend`; "triton" runs the whole token in one kernel, so ``prestep_backend``
+            does not apply).
         merge_projections: GDN decode reads q/k/v/a/b/g projections with one GEMV
             (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
         prestep_backend: GDN decode's convolutions + SiLU + gates: "torch" (plain ops, fused by Inductor into about
@@ -89,8 +105,9 @@ class LinearServing:
         # float32 in a from_pretrained float64 or bf16 model
         w = next(p for p in module.parameters() if p.dim() >= 2)
         self.dtype = w.dtype
-        self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend) if kind == "gdn" \
-            else "torch"
+        self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend,
+                                                     getattr(module, "conv_size", 4)) if kind == "gdn" else "torch"
+        self.counters: torch.Tensor | None = None  # the "triton" token kernel's per-(sequence, head) arrival counts
         if prestep_backend not in PRESTEP_BACKENDS:
             raise ValueError(f"prestep_backend={prestep_backend!r}; expected one of {PRESTEP_BACKENDS}")
         if prestep_backend == "triton" and kind == "gdn":
@@ -107,14 +124,25 @@ class LinearServing:
         if kind == "gdn":
             m = module
             self.conv_weight = torch.cat([c.weight.detach()[:, 0] for c in (m.q_conv1d, m.k_conv1d, m.v_conv1d)])
-            _log_once(f"GDN decode backend: {self.gdn_backend}; convs + gates: {prestep_backend}")
+            _log_once(f"GDN decode backend: {self.gdn_backend}; convs + gates: "
+                      f"{'in the same kernel' if self.gdn_backend == 'triton' else prestep_backend}")
 
     def new_state(self, batch: int):
         """Zero state for ``batch`` sequences (float64 recurrent state for float64 models, else the module's)."""
         state = self.m.empty_state(batch)
+        if self.gdn_backend == "triton":
+            self._counters_for(batch)
         if self.dtype == torch.float64:
             state = map_state(state, lambda t: t.double())
         return state
+
+    def _counters_for(self, batch: int) -> torch.Tensor:
+        """int32 zeros [>= batch * H] on the module's device, allocated once per larger batch (the kernel leaves
+        them zero)."""
+        n = batch * self.m.num_heads
+        if self.counters is None or self.counters.numel() < n:
+            self.counters = torch.zeros(n, dtype=torch.int32, device=self.conv_weight.device)
+        return self.counters
 
     def prefill(self, x: torch.Tensor, state) -> torch.Tensor:
         """x [B, T, D] continuing ``state`` (updated in place) -> [B, T, D]."""
@@ -152,6 +180,10 @@ class LinearServing:
         else:
             proj = torch.cat([p(x) for p in (m.q_proj, m.k_proj, m.v_proj, m.a_proj, m.b_proj, m.g_proj)], dim=-1)
         gate = proj[..., proj.shape[-1] - m.value_dim:]
+        if self.gdn_backend == "triton":
+            o = gdn_decode_token_op(proj, state.conv, self.conv_weight, m.A_log, m.dt_bias, state.recurrent,
+                                    self._counters_for(B)).view(B, 1, H, Vd)
+            return self._gdn_out(x, o, gate, fused)
         act, g, beta = gdn_decode_prestep_op(proj, state.conv, self.conv_weight, m.A_log, m.dt_bias,
                                              self.prestep_backend)
         Ck = m.key_dim
@@ -159,6 +191,12 @@ class LinearServing:
         v = act[:, 2 * Ck:].view(B, 1, H, Vd)
         g, beta = g.view(B, 1, H), beta.view(B, 1, H)
         o = gdn_decode_step(q, k, v, g, beta, state.recurrent, self.gdn_backend)
+        return self._gdn_out(x, o, gate, fused)
+
+    def _gdn_out(self, x: torch.Tensor, o: torch.Tensor, gate: torch.Tensor, fused: Prologue | None) -> torch.Tensor:
+        """The recurrence's output o [B, 1, H, Vd] -> gated output norm -> ``o_proj`` (+ ``fused.residual``)."""
+        m = self.m
+        B, H, Vd = x.shape[0], m.num_heads, m.head_v_dim
         if fused is not None and fused.residual is not None:
             o = o.to(x.dtype).reshape(B, 1, H * Vd)
             if m.o_norm.weight.dtype == x.dtype:  # o_norm in o_proj's prologue, residual in its epilogue

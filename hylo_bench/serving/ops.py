@@ -9,6 +9,8 @@ Ops (namespace ``hylo``):
 - ``hylo::gdn_decode_step``: one gated-delta-rule token, the recurrent state updated in place.
 - ``hylo::gdn_decode_prestep``: a GDN token's short convolutions (caches shifted in place), SiLU and gates in one
   Triton kernel (:mod:`hylo_bench.kernels.gated_delta.decode_prestep`).
+- ``hylo::gdn_decode_token``: a whole GDN decode token (pre-step and recurrence) in one Triton kernel
+  (:mod:`hylo_bench.kernels.gated_delta.decode_token_triton`); caches, state and counters updated in place.
 - ``hylo::fused_gemv``: :func:`hylo_bench.kernels.gemv.fused_gemv` on its Triton back end (RMSNorm / SwiGLU
   prologue, residual epilogue).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "mla_decode_op"]
+__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
@@ -188,3 +190,34 @@ def gdn_decode_prestep_op(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, t
     if backend == "triton" and torch.compiler.is_compiling():
         return torch.ops.hylo.gdn_decode_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend)
     return _impl_prestep(proj, cq, ck, cv, conv_weight, A_log, dt_bias, backend)
+
+
+def _impl_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters):
+    from hylo_bench.kernels.gated_delta.decode_token_triton import gdn_decode_token_triton
+
+    return gdn_decode_token_triton(proj, (cq, ck, cv), conv_weight, A_log, dt_bias, state, counters)
+
+
+@torch.library.custom_op("hylo::gdn_decode_token", mutates_args=("cq", "ck", "cv", "state", "counters"))
+def _gdn_decode_token(proj: torch.Tensor, cq: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor,
+                      conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+                      counters: torch.Tensor) -> torch.Tensor:
+    return _impl_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters)
+
+
+@_gdn_decode_token.register_fake
+def _(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters):
+    return proj.new_empty(proj.shape[0], cv.shape[1])
+
+
+def gdn_decode_token_op(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                        conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+                        counters: torch.Tensor) -> torch.Tensor:
+    """A whole GDN decode token in one Triton kernel (CUDA): arguments and result as
+    :func:`hylo_bench.kernels.gated_delta.decode_token_triton.gdn_decode_token_triton` (o [B, H * Vd] in proj's
+    dtype; conv caches, ``state`` and ``counters`` updated in place), through the ``hylo::gdn_decode_token`` op
+    while ``torch.compile`` traces, directly otherwise."""
+    cq, ck, cv = conv_caches
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.gdn_decode_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters)
+    return _impl_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters)

@@ -51,3 +51,29 @@ def gdn_decode_prestep_reference(proj: torch.Tensor, conv_caches: tuple[torch.Te
     g = -A_log.to(dt).exp() * F.softplus(a_in.to(dt) + dt_bias.to(dt))
     beta = b_in.to(dt).sigmoid()
     return torch.cat(acts, dim=-1).view(B, C), g, beta
+
+
+def gdn_decode_token_reference(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                               conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                               state: torch.Tensor) -> torch.Tensor:
+    """A whole GDN decode token: :func:`gdn_decode_prestep_reference`, then the gated delta rule's recurrent step
+    with q / k L2-normalised (:func:`hylo_bench.kernels.gated_delta.gated_delta_rule_step`, scale K^-0.5). Conv
+    caches and ``state`` are updated in place.
+
+    Args:
+        proj, conv_caches, conv_weight, A_log, dt_bias: as :func:`gdn_decode_prestep_reference`.
+        state: [B, H, K, Vd] K-first recurrent state (float32; float64 for float64 models), overwritten.
+
+    Returns:
+        o [B, H * Vd] in proj's dtype: the recurrence's output before the gated output norm.
+    """
+    from hylo_bench.kernels.gated_delta.chunk import gated_delta_rule_step
+
+    B, H = proj.shape[0], A_log.shape[0]
+    Ck, Cv = conv_caches[0].shape[1], conv_caches[2].shape[1]
+    act, g, beta = gdn_decode_prestep_reference(proj, conv_caches, conv_weight, A_log, dt_bias)
+    q, k = act[:, :Ck].view(B, 1, H, Ck // H), act[:, Ck:2 * Ck].view(B, 1, H, Ck // H)
+    v = act[:, 2 * Ck:].view(B, 1, H, Cv // H)
+    o, new = gated_delta_rule_step(q, k, v, g.view(B, 1, H), beta.view(B, 1, H), state, use_qk_l2norm_in_kernel=True)
+    state.copy_(new)
+    return o.reshape(B, Cv).to(proj.dtype)

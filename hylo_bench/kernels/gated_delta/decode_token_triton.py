@@ -1,0 +1,174 @@
+"""A whole GDN decode token in one Triton launch: the pre-step (:mod:`.decode_prestep`: three 4-tap short
+convolutions with their caches shifted in place, SiLU, decay / write gates) and the gated delta rule's recurrent
+step (q / k L2-normalised, fla's ``fused_recurrent_gated_delta_rule`` maths, the state updated in place). CUDA only;
+imported lazily. Torch reference: :func:`hylo_bench.kernels.gated_delta.decode_prestep.gdn_decode_token_reference`
+(the pre-step reference, then :func:`hylo_bench.kernels.gated_delta.gated_delta_rule_step`).
+
+Why one kernel: on the H200 a decode token's GDN part was three launches (pre-step, a bf16 copy of beta, fla's
+recurrent kernel) of about 5 + 1 + 4.4 us for 3 MB of state (6 MB read + written: 1.4 us at copy bandwidth); each
+launch is mostly latency.
+
+Grid (Vd / BV, B * H): program (j, b * H + h) owns the [K, BV] block j of head h's state and the BV value channels
+of that block. Every program of a head recomputes the head's K query and K key channels (their convolutions, SiLU,
+L2 norms: 2K elements from L2, next to the K * BV * 8 state bytes it streams), so no program waits for another.
+The query / key conv caches are read by all Vd / BV programs of a head and must be shifted once, after every one
+of them has read its taps: each program bumps a per-(sequence, head) counter (``tl.atomic_add``, acquire-release)
+after its reads, and the last to arrive writes the shifted taps and resets the counter to zero for the next token.
+The value caches are disjoint per program and shifted by their owner.
+
+Legend: B batch, H heads, K key head dim, Vd value head dim, Ck = H K, Cv = H Vd, C = 2 Ck + Cv.
+References: arXiv 2412.06464 eq. 10; fla 0.6.0 ``fla/ops/gated_delta_rule/fused_recurrent.py`` (l2norm eps 1e-6,
+scale K^-0.5); ``ShortConvolution`` step (fla 0.6.0 ``fla/modules/convolution.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hylo_bench.kernels.pdl import use_pdl
+
+L2NORM_EPS = 1e-6
+_CONFIGS = [triton.Config({"BV": bv}, num_warps=w) for bv, w in ((8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8))]
+
+
+@triton.jit
+def _conv_silu(P, cache, CW, ch, offs, mask, x_off):
+    """Taps [cache0, cache1, cache2, x] of channels ``ch`` (cache pointers ``cache``) -> (silu(round(conv)) in
+    float32 rounded to x's dtype, x, cache taps 1 and 2) ; conv summed in float32 as the pre-step does."""
+    w0 = tl.load(CW + ch * 4, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(CW + ch * 4 + 1, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(CW + ch * 4 + 2, mask=mask, other=0.0).to(tl.float32)
+    w3 = tl.load(CW + ch * 4 + 3, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(P + x_off + offs, mask=mask, other=0.0)
+    c0 = tl.load(cache, mask=mask, other=0.0)
+    c1 = tl.load(cache + 1, mask=mask, other=0.0)
+    c2 = tl.load(cache + 2, mask=mask, other=0.0)
+    acc = c0.to(tl.float32) * w0 + c1.to(tl.float32) * w1 + c2.to(tl.float32) * w2 + x.to(tl.float32) * w3
+    y = acc.to(x.dtype).to(tl.float32)
+    act = (y / (1.0 + tl.exp(-y))).to(x.dtype).to(tl.float32)
+    return act, x, c1, c2
+
+
+# restore_value: autotuning runs the kernel several times; the caches, state and counters must see one token
+@triton.autotune(configs=_CONFIGS, key=["K", "Vd", "H", "PDL"], restore_value=["CQ", "CK", "CV", "S", "CNT"])
+@triton.jit
+def _gdn_decode_token_kernel(P, CQ, CK, CV, CW, ALOG, DTB, S, O, CNT,
+                             stride_pb, stride_qb, stride_qc, stride_kb, stride_kc, stride_vb, stride_vc,
+                             stride_sb, stride_sh, stride_ob, H, scale, eps,
+                             K: tl.constexpr, Vd: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr,
+                             BV: tl.constexpr):
+    """See the module docstring. PDL: nothing is read before the wait (the conv weights are shared by all
+    programs and L2-resident), but the next kernel may launch once every program has started."""
+    j = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    Ck = H * K
+    C = 2 * Ck + H * Vd
+    NV = tl.cdiv(Vd, BV)
+    offs_k = tl.arange(0, BK)
+    mk = offs_k < K
+    offs_v = j * BV + tl.arange(0, BV)
+    mv = offs_v < Vd
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    prow = b * stride_pb
+    # query and key channels of head h: convolutions, SiLU, L2 norms (every program of the head)
+    qch = h * K + offs_k
+    qcache = CQ + b * stride_qb + qch * stride_qc
+    q, xq, q1, q2 = _conv_silu(P, qcache, CW, qch, qch, mk, prow)
+    kch = h * K + offs_k
+    kcache = CK + b * stride_kb + kch * stride_kc
+    k, xk, k1, k2 = _conv_silu(P, kcache, CW, Ck + kch, Ck + kch, mk, prow)
+    # the reductions below consume every thread's taps, so all of this program's cache reads are done before the
+    # counter's release
+    q = q / tl.sqrt(tl.sum(q * q, 0) + eps) * scale
+    k = k / tl.sqrt(tl.sum(k * k, 0) + eps)
+    arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
+    last = arrived == NV - 1
+    ml = mk & ((offs_k * 0 + arrived) == NV - 1)  # broadcast explicitly (Triton's interpreter wants a bool vector)
+    tl.store(qcache, q1, mask=ml)
+    tl.store(qcache + 1, q2, mask=ml)
+    tl.store(qcache + 2, xq, mask=ml)
+    tl.store(kcache, k1, mask=ml)
+    tl.store(kcache + 1, k2, mask=ml)
+    tl.store(kcache + 2, xk, mask=ml)
+    tl.atomic_xchg(CNT + bh, 0, mask=last)
+    # this program's value channels: convolution and cache shift (owned by this program alone)
+    vch = h * Vd + offs_v
+    vcache = CV + b * stride_vb + vch * stride_vc
+    v, xv, v1, v2 = _conv_silu(P, vcache, CW, 2 * Ck + vch, 2 * Ck + vch, mv, prow)
+    tl.store(vcache, v1, mask=mv)
+    tl.store(vcache + 1, v2, mask=mv)
+    tl.store(vcache + 2, xv, mask=mv)
+    # gates of head h (float32): g = -exp(A_log) softplus(a + dt_bias) (torch's softplus threshold 20), sigmoid(b)
+    a = tl.load(P + prow + C + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
+    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+    decay = tl.exp(-tl.exp(tl.load(ALOG + h).to(tl.float32)) * softplus)
+    beta = 1.0 / (1.0 + tl.exp(-tl.load(P + prow + C + H + h).to(tl.float32)))
+    # recurrent step on the [K, BV] state block: S <- decay S; v' = beta (v - S^T k); S <- S + k v'^T; o = S^T q
+    sp = S + b * stride_sb + h * stride_sh + offs_k[:, None] * Vd + offs_v[None, :]
+    ms = mk[:, None] & mv[None, :]
+    st = tl.load(sp, mask=ms, other=0.0) * decay
+    vn = beta * (v - tl.sum(st * k[:, None], 0))
+    st += k[:, None] * vn[None, :]
+    o = tl.sum(st * q[:, None], 0)
+    tl.store(sp, st, mask=ms)
+    tl.store(O + b * stride_ob + h * Vd + offs_v, o.to(O.dtype.element_ty), mask=mv)
+
+
+def gdn_decode_token_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                            conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                            state: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One GDN decode token: arguments and result as
+    :func:`hylo_bench.kernels.gated_delta.decode_prestep.gdn_decode_token_reference`, plus ``counters``.
+
+    Args:
+        counters: int32 [>= B * H], zero before the first call; the kernel leaves it zero (module docstring).
+
+    Raises:
+        ValueError: float64 inputs (use the reference), caches / conv weight / state / counters of the wrong shape,
+            dtype or strides (the messages name the tensor and what was expected).
+    """
+    B = proj.shape[0]
+    cq, ck, cv = conv_caches
+    H = A_log.shape[0]
+    Ck, Cv = cq.shape[1], cv.shape[1]
+    K, Vd = Ck // H, Cv // H
+    C = 2 * Ck + Cv
+    if proj.dtype == torch.float64:
+        raise ValueError("the Triton GDN decode token sums in float32; float64 inputs take the reference")
+    p2 = proj.reshape(B, -1)
+    if p2.stride(-1) != 1:
+        p2 = p2.contiguous()
+    if any(t.shape[2] != 3 or t.stride(-1) != 1 or t.shape[0] != B for t in conv_caches) or ck.shape[1] != Ck \
+            or Ck % H or Cv % H:
+        raise ValueError(f"the Triton GDN decode token serves 4-tap convs with caches [B={B}, H*K | H*K | H*Vd, 3] "
+                         f"of unit tap stride (H={H}); got {[tuple(t.shape) for t in conv_caches]}, strides "
+                         f"{[t.stride() for t in conv_caches]}")
+    if tuple(conv_weight.shape) != (C, 4):
+        raise ValueError(f"conv_weight must be [C={C}, 4] (q, k, v conv weights stacked); got "
+                         f"{tuple(conv_weight.shape)}")
+    if p2.shape[1] < C + 2 * H or dt_bias.shape != (H,):
+        raise ValueError(f"proj must be [B, 1, >= C + 2H = {C + 2 * H}] and dt_bias [H={H}]; got proj "
+                         f"{tuple(proj.shape)}, dt_bias {tuple(dt_bias.shape)}")
+    if tuple(state.shape) != (B, H, K, Vd) or state.dtype != torch.float32 or state.stride(3) != 1 \
+            or state.stride(2) != Vd:
+        raise ValueError(f"state must be float32 [B={B}, H={H}, K={K}, Vd={Vd}] with contiguous [K, Vd] heads; got "
+                         f"{state.dtype} {tuple(state.shape)} strides {state.stride()}")
+    if counters.dtype != torch.int32 or counters.numel() < B * H or not counters.is_contiguous():
+        raise ValueError(f"counters must be a contiguous int32 tensor of >= B*H = {B * H} zeros; got "
+                         f"{counters.dtype} {tuple(counters.shape)}")
+    o = torch.empty(B, Cv, dtype=proj.dtype, device=proj.device)
+    cw = conv_weight.contiguous()
+    pdl = use_pdl(proj.device)
+    grid = lambda meta: (triton.cdiv(Vd, meta["BV"]), B * H)  # noqa: E731
+    _gdn_decode_token_kernel[grid](
+        p2, cq, ck, cv, cw, A_log.contiguous(), dt_bias.contiguous(), state, o, counters,
+        p2.stride(0), cq.stride(0), cq.stride(1), ck.stride(0), ck.stride(1), cv.stride(0), cv.stride(1),
+        state.stride(0), state.stride(1), o.stride(0), H, K ** -0.5, L2NORM_EPS,
+        K=K, Vd=Vd, BK=triton.next_power_of_2(K), PDL=pdl, launch_pdl=pdl)
+    return o
