@@ -34,21 +34,25 @@ _CONFIGS = [triton.Config({"BV": bv}, num_warps=w) for bv, w in ((8, 1), (8, 2),
 
 
 @triton.jit
-def _conv_silu(P, cache, CW, ch, offs, mask, x_off):
-    """Taps [cache0, cache1, cache2, x] of channels ``ch`` (cache pointers ``cache``) -> (silu(round(conv)) in
-    float32 rounded to x's dtype, x, cache taps 1 and 2) ; conv summed in float32 as the pre-step does."""
+def _taps(cache, CW, ch, mask):
+    """The conv weights [4] and the three cached taps (oldest first) of channels ``ch``: state of earlier tokens,
+    read before the PDL wait."""
     w0 = tl.load(CW + ch * 4, mask=mask, other=0.0).to(tl.float32)
     w1 = tl.load(CW + ch * 4 + 1, mask=mask, other=0.0).to(tl.float32)
     w2 = tl.load(CW + ch * 4 + 2, mask=mask, other=0.0).to(tl.float32)
     w3 = tl.load(CW + ch * 4 + 3, mask=mask, other=0.0).to(tl.float32)
-    x = tl.load(P + x_off + offs, mask=mask, other=0.0)
     c0 = tl.load(cache, mask=mask, other=0.0)
     c1 = tl.load(cache + 1, mask=mask, other=0.0)
     c2 = tl.load(cache + 2, mask=mask, other=0.0)
-    acc = c0.to(tl.float32) * w0 + c1.to(tl.float32) * w1 + c2.to(tl.float32) * w2 + x.to(tl.float32) * w3
-    y = acc.to(x.dtype).to(tl.float32)
-    act = (y / (1.0 + tl.exp(-y))).to(x.dtype).to(tl.float32)
-    return act, x, c1, c2
+    part = c0.to(tl.float32) * w0 + c1.to(tl.float32) * w1 + c2.to(tl.float32) * w2
+    return part, w3, c1, c2
+
+
+@triton.jit
+def _silu_conv(part, w3, x):
+    """silu(round(part + w3 x)) in float32, rounded to x's dtype and back (the pre-step's roundings)."""
+    y = (part + x.to(tl.float32) * w3).to(x.dtype).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(x.dtype).to(tl.float32)
 
 
 # restore_value: autotuning runs the kernel several times; the caches, state and counters must see one token
@@ -59,8 +63,8 @@ def _gdn_decode_token_kernel(P, CQ, CK, CV, CW, ALOG, DTB, S, O, CNT,
                              stride_sb, stride_sh, stride_ob, H, scale, eps,
                              K: tl.constexpr, Vd: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr,
                              BV: tl.constexpr):
-    """See the module docstring. PDL: nothing is read before the wait (the conv weights are shared by all
-    programs and L2-resident), but the next kernel may launch once every program has started."""
+    """See the module docstring. PDL: the conv weights and taps, the state block and the gate constants are
+    earlier tokens' data, read before waiting for the previous kernel (the projection GEMV writing P)."""
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -72,21 +76,50 @@ def _gdn_decode_token_kernel(P, CQ, CK, CV, CW, ALOG, DTB, S, O, CNT,
     mk = offs_k < K
     offs_v = j * BV + tl.arange(0, BV)
     mv = offs_v < Vd
+    qch = h * K + offs_k  # head h's query / key channels, this program's value channels
+    vch = h * Vd + offs_v
+    qcache = CQ + b * stride_qb + qch * stride_qc
+    kcache = CK + b * stride_kb + qch * stride_kc
+    vcache = CV + b * stride_vb + vch * stride_vc
+    qp, qw3, q1, q2 = _taps(qcache, CW, qch, mk)
+    kp, kw3, k1, k2 = _taps(kcache, CW, Ck + qch, mk)
+    vp, vw3, v1, v2 = _taps(vcache, CW, 2 * Ck + vch, mv)
+    sp = S + b * stride_sb + h * stride_sh + offs_k[:, None] * Vd + offs_v[None, :]
+    ms = mk[:, None] & mv[None, :]
+    st = tl.load(sp, mask=ms, other=0.0)
+    dtb = tl.load(DTB + h).to(tl.float32)
+    a_coef = tl.exp(tl.load(ALOG + h).to(tl.float32))
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    prow = b * stride_pb
-    # query and key channels of head h: convolutions, SiLU, L2 norms (every program of the head)
-    qch = h * K + offs_k
-    qcache = CQ + b * stride_qb + qch * stride_qc
-    q, xq, q1, q2 = _conv_silu(P, qcache, CW, qch, qch, mk, prow)
-    kch = h * K + offs_k
-    kcache = CK + b * stride_kb + kch * stride_kc
-    k, xk, k1, k2 = _conv_silu(P, kcache, CW, Ck + kch, Ck + kch, mk, prow)
-    # the reductions below consume every thread's taps, so all of this program's cache reads are done before the
-    # counter's release
+    prow = P + b * stride_pb
+    xq = tl.load(prow + qch, mask=mk, other=0.0)
+    xk = tl.load(prow + Ck + qch, mask=mk, other=0.0)
+    xv = tl.load(prow + 2 * Ck + vch, mask=mv, other=0.0)
+    q = _silu_conv(qp, qw3, xq)
+    k = _silu_conv(kp, kw3, xk)
+    v = _silu_conv(vp, vw3, xv)
     q = q / tl.sqrt(tl.sum(q * q, 0) + eps) * scale
     k = k / tl.sqrt(tl.sum(k * k, 0) + eps)
+    # gates of head h (float32): g = -exp(A_log) softplus(a + dt_bias) (torch's softplus threshold 20), sigmoid(b)
+    a = tl.load(prow + C + h).to(tl.float32) + dtb
+    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+    decay = tl.exp(-a_coef * softplus)
+    beta = 1.0 / (1.0 + tl.exp(-tl.load(prow + C + H + h).to(tl.float32)))
+    # recurrent step on the [K, BV] state block: S <- decay S; v' = beta (v - S^T k); S <- S + k v'^T; o = S^T q
+    st = st * decay
+    vn = beta * (v - tl.sum(st * k[:, None], 0))
+    st += k[:, None] * vn[None, :]
+    o = tl.sum(st * q[:, None], 0)
+    tl.store(sp, st, mask=ms)
+    tl.store(O + b * stride_ob + h * Vd + offs_v, o.to(O.dtype.element_ty), mask=mv)
+    # value caches: this program's channels alone
+    tl.store(vcache, v1, mask=mv)
+    tl.store(vcache + 1, v2, mask=mv)
+    tl.store(vcache + 2, xv, mask=mv)
+    # query / key caches, shared by the head's NV programs: the last to arrive shifts them. The L2-norm reductions
+    # above consumed every thread's taps (a CTA-wide exchange), so this program's cache reads are complete before
+    # its acquire-release increment.
     arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
     last = arrived == NV - 1
     ml = mk & ((offs_k * 0 + arrived) == NV - 1)  # broadcast explicitly (Triton's interpreter wants a bool vector)
@@ -97,27 +130,6 @@ def _gdn_decode_token_kernel(P, CQ, CK, CV, CW, ALOG, DTB, S, O, CNT,
     tl.store(kcache + 1, k2, mask=ml)
     tl.store(kcache + 2, xk, mask=ml)
     tl.atomic_xchg(CNT + bh, 0, mask=last)
-    # this program's value channels: convolution and cache shift (owned by this program alone)
-    vch = h * Vd + offs_v
-    vcache = CV + b * stride_vb + vch * stride_vc
-    v, xv, v1, v2 = _conv_silu(P, vcache, CW, 2 * Ck + vch, 2 * Ck + vch, mv, prow)
-    tl.store(vcache, v1, mask=mv)
-    tl.store(vcache + 1, v2, mask=mv)
-    tl.store(vcache + 2, xv, mask=mv)
-    # gates of head h (float32): g = -exp(A_log) softplus(a + dt_bias) (torch's softplus threshold 20), sigmoid(b)
-    a = tl.load(P + prow + C + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-    decay = tl.exp(-tl.exp(tl.load(ALOG + h).to(tl.float32)) * softplus)
-    beta = 1.0 / (1.0 + tl.exp(-tl.load(P + prow + C + H + h).to(tl.float32)))
-    # recurrent step on the [K, BV] state block: S <- decay S; v' = beta (v - S^T k); S <- S + k v'^T; o = S^T q
-    sp = S + b * stride_sb + h * stride_sh + offs_k[:, None] * Vd + offs_v[None, :]
-    ms = mk[:, None] & mv[None, :]
-    st = tl.load(sp, mask=ms, other=0.0) * decay
-    vn = beta * (v - tl.sum(st * k[:, None], 0))
-    st += k[:, None] * vn[None, :]
-    o = tl.sum(st * q[:, None], 0)
-    tl.store(sp, st, mask=ms)
-    tl.store(O + b * stride_ob + h * Vd + offs_v, o.to(O.dtype.element_ty), mask=mv)
 
 
 def gdn_decode_token_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
