@@ -107,6 +107,9 @@ class MLAServing:
             decode_backend, reason = select_mla_decode_backend(w.device, w.dtype)
             logger.info("MLA decode backend: %s (%s)", decode_backend, reason)
         self.decode_backend = decode_backend
+        # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs
+        self.prep_backend = "triton" if (decode_backend == "triton" and w.device.type == "cuda"
+                                         and w.dtype != torch.float64) else "torch"
 
     def new_slot(self, batch: int, capacity: int) -> MLACacheSlot:
         """Zero cache for ``batch`` sequences of up to ``capacity`` tokens (model dtype and device)."""
@@ -213,20 +216,75 @@ class MLAServing:
         B = x.shape[0]
         if fused is not None and self.merged is None:
             raise ValueError("fused decode GEMVs need merged projections (MLAServing(merge_projections=True))")
-        cos, sin = self._cos_sin(positions[:, None])
         first, lat = self._projections(x, None if fused is None else fused.norm)
-        q_nope, q_pe = self._queries(x, cos, sin, first)  # [B, H, 1, N], [B, H, 1, P]
-        rows, ks = self._new_rows(lat, cos, sin)  # [B, 1, R + P], [B, 1, G]
-        b_idx = torch.arange(B, device=x.device)
-        slot.latent[b_idx, positions] = rows[:, 0]
-        if ks is not None:
-            slot.key_scale[b_idx, positions] = ks[:, 0]
+        if fused is not None and self.prep_fusable():
+            q_lat, q_pe = self.prep_triton(self._query_gemv(first), lat, slot, positions)
+        else:
+            q_lat, q_pe = self.prep_torch(x, first, lat, slot, positions)
+        o_lat = mla_decode_op(q_lat, q_pe, slot.latent[:B], positions + 1, scale=self.m.scale,
+                              key_scale=None if slot.key_scale is None else slot.key_scale[:B],
+                              backend=self.decode_backend)
         rep = self.H // self.G
-        q_lat = torch.einsum("bgrn,gnc->bgrc", q_nope[:, :, 0].unflatten(1, (self.G, rep)), self.w_uk.to(x.dtype))
-        o_lat = mla_decode_op(q_lat.flatten(1, 2), q_pe[:, :, 0], slot.latent[:B], positions + 1, scale=self.m.scale,
-                              key_scale=None if ks is None else slot.key_scale[:B], backend=self.decode_backend)
         o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
         o = o.reshape(B, 1, self.H * self.V)
         if fused is not None and fused.residual is not None:
             return project(o, self.m.out_proj.weight, Prologue(residual=fused.residual))
         return self.m.out_proj(o)
+
+    def prep_torch(self, x: torch.Tensor, first: torch.Tensor | None, lat: torch.Tensor, slot: MLACacheSlot,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode token's absorbed query and cache row, as torch ops (any device and dtype; Inductor fuses the
+        element-wise parts under ``torch.compile``).
+
+        Args:
+            x: [B, 1, D] the layer's (normalised) input, used only when ``first`` is None. first: the query's
+                first projection [B, 1, q_lora_rank or H*(N+P)] or None. lat: [B, 1, R + P] kv_a output.
+            slot: the cache, row ``positions[b]`` written (and its key scale). positions: [B] int64.
+
+        Returns:
+            (q_lat [B, H, R] = W_UK'[g(h)]^T q_nope[h], q_pe [B, H, P] rotated), x's dtype.
+        """
+        B = lat.shape[0]
+        cos, sin = self._cos_sin(positions[:, None])
+        q_nope, q_pe = self._queries(x, cos, sin, first)  # [B, H, 1, N], [B, H, 1, P]
+        rows, ks = self._new_rows(lat, cos, sin)  # [B, 1, R + P], [B, 1, G]
+        b_idx = torch.arange(B, device=lat.device)
+        slot.latent[b_idx, positions] = rows[:, 0]
+        if ks is not None:
+            slot.key_scale[b_idx, positions] = ks[:, 0]
+        rep = self.H // self.G
+        q_lat = torch.einsum("bgrn,gnc->bgrc", q_nope[:, :, 0].unflatten(1, (self.G, rep)), self.w_uk.to(lat.dtype))
+        return q_lat.flatten(1, 2), q_pe[:, :, 0]
+
+    def prep_fusable(self) -> bool:
+        """Whether :meth:`prep_triton` serves this layer: a Triton decode back end (CUDA, not float64), the query
+        through ``q_b_proj`` (no bias) or a merged ``q_proj``, and LlamaRMSNorm-style norms."""
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        m = self.m
+        norms = [getattr(m, n) for n in ("q_a_layernorm", "kv_a_layernorm", "q_norm", "k_norm") if hasattr(m, n)]
+        return (self.prep_backend == "triton" and self.merged is not None
+                and all(isinstance(n, LlamaRMSNorm) for n in norms)
+                and (hasattr(m, "q_proj") or getattr(m.q_b_proj, "bias", None) is None))
+
+    def _query_gemv(self, first: torch.Tensor) -> torch.Tensor:
+        """The query [B, 1, H*(N+P)] from its first projection: ``q_b_proj`` on the Triton GEMV (with
+        ``q_a_layernorm`` in its prologue when the model has one), or ``first`` itself for a plain ``q_proj``."""
+        if hasattr(self.m, "q_proj"):
+            return first
+        return project(first, self.m.q_b_proj.weight, Prologue(norm=getattr(self.m, "q_a_layernorm", None)))
+
+    def prep_triton(self, q: torch.Tensor, lat: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`prep_torch` in one Triton kernel (:mod:`hylo_bench.kernels.mla_decode.prep_triton`), from the
+        query q [B, 1, H*(N+P)] (after ``q_b_proj``) and lat [B, 1, R + P]."""
+        from hylo_bench.serving.ops import mla_decode_prep_op
+
+        m = self.m
+        kva = getattr(m, "kv_a_layernorm", None)
+        return mla_decode_prep_op(
+            q, lat, positions, slot.latent, slot.key_scale, self.w_uk.to(q.dtype), m.kv_b_proj.weight, self.inv_freq,
+            float(self.mscale), self.H, self.N, self.P, self.V,
+            m.q_norm.weight if self.qk_norm else None, m.q_norm.variance_epsilon if self.qk_norm else 1e-6,
+            m.k_norm.weight if self.qk_norm else None, m.k_norm.variance_epsilon if self.qk_norm else 1e-6,
+            None if kva is None else kva.weight, 1e-6 if kva is None else kva.variance_epsilon)

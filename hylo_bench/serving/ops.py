@@ -9,6 +9,8 @@ Ops (namespace ``hylo``):
 - ``hylo::gdn_decode_step``: one gated-delta-rule token, the recurrent state updated in place.
 - ``hylo::gdn_decode_prestep``: a GDN token's short convolutions (caches shifted in place), SiLU and gates in one
   Triton kernel (:mod:`hylo_bench.kernels.gated_delta.decode_prestep`).
+- ``hylo::mla_decode_prep``: an MLA decode token's query norm, RoPE and absorption and its cache row, one Triton
+  kernel (:mod:`hylo_bench.kernels.mla_decode.prep_triton`); the cache and key scales written in place.
 - ``hylo::gdn_decode_token``: a whole GDN decode token (pre-step and recurrence) in one Triton kernel
   (:mod:`hylo_bench.kernels.gated_delta.decode_token_triton`); caches, state and counters updated in place.
 - ``hylo::fused_gemv``: :func:`hylo_bench.kernels.gemv.fused_gemv` on its Triton back end (RMSNorm / SwiGLU
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op"]
+__all__ = ["mla_decode_prep_op", "fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
@@ -221,3 +223,45 @@ def gdn_decode_token_op(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, tor
     if torch.compiler.is_compiling():
         return torch.ops.hylo.gdn_decode_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters)
     return _impl_token(proj, cq, ck, cv, conv_weight, A_log, dt_bias, state, counters)
+
+
+def _impl_prep(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V, q_norm_weight,
+               q_eps, k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps):
+    from hylo_bench.kernels.mla_decode.prep_triton import mla_decode_prep_triton
+
+    return mla_decode_prep_triton(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale,
+                                  num_heads=H, nope_dim=N, rope_dim=P, v_dim=V, q_norm_weight=q_norm_weight,
+                                  q_eps=q_eps, k_norm_weight=k_norm_weight, k_eps=k_eps,
+                                  kv_a_norm_weight=kv_a_norm_weight, kv_a_eps=kv_a_eps)
+
+
+@torch.library.custom_op("hylo::mla_decode_prep", mutates_args=("cache", "key_scale"))
+def _mla_decode_prep(q: torch.Tensor, lat: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
+                     key_scale: torch.Tensor | None, w_uk: torch.Tensor, kv_b_weight: torch.Tensor,
+                     inv_freq: torch.Tensor, mscale: float, H: int, N: int, P: int, V: int,
+                     q_norm_weight: torch.Tensor | None, q_eps: float, k_norm_weight: torch.Tensor | None,
+                     k_eps: float, kv_a_norm_weight: torch.Tensor | None,
+                     kv_a_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl_prep(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V,
+                      q_norm_weight, q_eps, k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps)
+
+
+@_mla_decode_prep.register_fake
+def _(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V, q_norm_weight, q_eps,
+      k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps):
+    B, R = q.shape[0], w_uk.shape[-1]
+    return q.new_empty(B, H, R), q.new_empty(B, H, P)
+
+
+def mla_decode_prep_op(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale: float, H: int,
+                       N: int, P: int, V: int, q_norm_weight=None, q_eps: float = 1e-6, k_norm_weight=None,
+                       k_eps: float = 1e-6, kv_a_norm_weight=None, kv_a_eps: float = 1e-6
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MLA decode token's absorbed query and cache row in one Triton kernel: arguments and results as
+    :func:`hylo_bench.kernels.mla_decode.prep_triton.mla_decode_prep_triton` (positional), through the
+    ``hylo::mla_decode_prep`` op while ``torch.compile`` traces, directly otherwise."""
+    args = (q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V, q_norm_weight,
+            q_eps, k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps)
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.mla_decode_prep(*args)
+    return _impl_prep(*args)

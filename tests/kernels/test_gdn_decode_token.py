@@ -149,3 +149,13 @@ def test_engine_with_the_token_kernel_equals_torch_engine(monkeypatch):
     got, _ = engine.generate(ids, 6)
     assert torch.equal(got, want)
     assert all(int(srv.counters.abs().sum()) == 0 and srv.counters.numel() >= 2 * srv.m.num_heads for srv in gdn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_token_counter_protocol_under_load():
+    """64 consecutive tokens at batch 16 (1536 programs, more than fit at once at small BV): the query / key
+    conv caches must equal the reference's exactly after every token (a program reading taps after the last
+    arrival shifted them would change both the caches' history and the outputs)."""
+    pytest.importorskip("triton")
+    _check_triton(16, 6, 256, 512, torch.float32, "cuda", tokens=64)
