@@ -217,16 +217,22 @@ class MLAServing:
         if fused is not None and self.merged is None:
             raise ValueError("fused decode GEMVs need merged projections (MLAServing(merge_projections=True))")
         first, lat = self._projections(x, None if fused is None else fused.norm)
-        if fused is not None and self.prep_fusable():
-            q_lat, q_pe = self.prep_triton(self._query_gemv(first), lat, slot, positions)
+        triton_glue = fused is not None and self.prep_fusable()
+        if triton_glue:  # one kernel for the query / cache-row glue, one for W_UV (prep_triton module)
+            q_lat, q_pe, lengths = self.prep_triton(self._query_gemv(first), lat, slot, positions)
         else:
-            q_lat, q_pe = self.prep_torch(x, first, lat, slot, positions)
-        o_lat = mla_decode_op(q_lat, q_pe, slot.latent[:B], positions + 1, scale=self.m.scale,
+            (q_lat, q_pe), lengths = self.prep_torch(x, first, lat, slot, positions), positions + 1
+        o_lat = mla_decode_op(q_lat, q_pe, slot.latent[:B], lengths, scale=self.m.scale,
                               key_scale=None if slot.key_scale is None else slot.key_scale[:B],
                               backend=self.decode_backend)
-        rep = self.H // self.G
-        o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
-        o = o.reshape(B, 1, self.H * self.V)
+        if triton_glue:
+            from hylo_bench.serving.ops import mla_value_up_op
+
+            o = mla_value_up_op(o_lat, self.w_uv.to(x.dtype)).view(B, 1, self.H * self.V)
+        else:
+            rep = self.H // self.G
+            o = torch.einsum("bgrc,gvc->bgrv", o_lat.unflatten(1, (self.G, rep)).to(x.dtype), self.w_uv.to(x.dtype))
+            o = o.reshape(B, 1, self.H * self.V)
         if fused is not None and fused.residual is not None:
             return project(o, self.m.out_proj.weight, Prologue(residual=fused.residual))
         return self.m.out_proj(o)
@@ -275,9 +281,9 @@ class MLAServing:
         return project(first, self.m.q_b_proj.weight, Prologue(norm=getattr(self.m, "q_a_layernorm", None)))
 
     def prep_triton(self, q: torch.Tensor, lat: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`prep_torch` in one Triton kernel (:mod:`hylo_bench.kernels.mla_decode.prep_triton`), from the
-        query q [B, 1, H*(N+P)] (after ``q_b_proj``) and lat [B, 1, R + P]."""
+        query q [B, 1, H*(N+P)] (after ``q_b_proj``) and lat [B, 1, R + P]; also returns lengths = positions + 1."""
         from hylo_bench.serving.ops import mla_decode_prep_op
 
         m = self.m

@@ -11,6 +11,8 @@ Ops (namespace ``hylo``):
   Triton kernel (:mod:`hylo_bench.kernels.gated_delta.decode_prestep`).
 - ``hylo::mla_decode_prep``: an MLA decode token's query norm, RoPE and absorption and its cache row, one Triton
   kernel (:mod:`hylo_bench.kernels.mla_decode.prep_triton`); the cache and key scales written in place.
+- ``hylo::mla_value_up``: the latent attention output times W_UV, one Triton kernel
+  (:func:`hylo_bench.kernels.mla_decode.prep_triton.mla_value_up_triton`).
 - ``hylo::gdn_decode_token``: a whole GDN decode token (pre-step and recurrence) in one Triton kernel
   (:mod:`hylo_bench.kernels.gated_delta.decode_token_triton`); caches, state and counters updated in place.
 - ``hylo::fused_gemv``: :func:`hylo_bench.kernels.gemv.fused_gemv` on its Triton back end (RMSNorm / SwiGLU
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mla_decode_prep_op", "fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op"]
+__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op", "mla_decode_prep_op", "mla_value_up_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):
@@ -241,7 +243,7 @@ def _mla_decode_prep(q: torch.Tensor, lat: torch.Tensor, positions: torch.Tensor
                      inv_freq: torch.Tensor, mscale: float, H: int, N: int, P: int, V: int,
                      q_norm_weight: torch.Tensor | None, q_eps: float, k_norm_weight: torch.Tensor | None,
                      k_eps: float, kv_a_norm_weight: torch.Tensor | None,
-                     kv_a_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     kv_a_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _impl_prep(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V,
                       q_norm_weight, q_eps, k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps)
 
@@ -250,13 +252,13 @@ def _mla_decode_prep(q: torch.Tensor, lat: torch.Tensor, positions: torch.Tensor
 def _(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale, H, N, P, V, q_norm_weight, q_eps,
       k_norm_weight, k_eps, kv_a_norm_weight, kv_a_eps):
     B, R = q.shape[0], w_uk.shape[-1]
-    return q.new_empty(B, H, R), q.new_empty(B, H, P)
+    return q.new_empty(B, H, R), q.new_empty(B, H, P), positions.new_empty(B)
 
 
 def mla_decode_prep_op(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, inv_freq, mscale: float, H: int,
                        N: int, P: int, V: int, q_norm_weight=None, q_eps: float = 1e-6, k_norm_weight=None,
                        k_eps: float = 1e-6, kv_a_norm_weight=None, kv_a_eps: float = 1e-6
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An MLA decode token's absorbed query and cache row in one Triton kernel: arguments and results as
     :func:`hylo_bench.kernels.mla_decode.prep_triton.mla_decode_prep_triton` (positional), through the
     ``hylo::mla_decode_prep`` op while ``torch.compile`` traces, directly otherwise."""
@@ -265,3 +267,26 @@ def mla_decode_prep_op(q, lat, positions, cache, key_scale, w_uk, kv_b_weight, i
     if torch.compiler.is_compiling():
         return torch.ops.hylo.mla_decode_prep(*args)
     return _impl_prep(*args)
+
+
+@torch.library.custom_op("hylo::mla_value_up", mutates_args=())
+def _mla_value_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    from hylo_bench.kernels.mla_decode.prep_triton import mla_value_up_triton
+
+    return mla_value_up_triton(o_lat, w_uv)
+
+
+@_mla_value_up.register_fake
+def _(o_lat, w_uv):
+    return w_uv.new_empty(o_lat.shape[0], o_lat.shape[1] * w_uv.shape[1])
+
+
+def mla_value_up_op(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """o_lat [B, H, R] float32, w_uv [G, V, R] -> [B, H * V] in w_uv's dtype on the Triton kernel
+    (:func:`hylo_bench.kernels.mla_decode.prep_triton.mla_value_up_triton`), through the ``hylo::mla_value_up`` op
+    while ``torch.compile`` traces, directly otherwise."""
+    if torch.compiler.is_compiling():
+        return torch.ops.hylo.mla_value_up(o_lat, w_uv)
+    from hylo_bench.kernels.mla_decode.prep_triton import mla_value_up_triton
+
+    return mla_value_up_triton(o_lat, w_uv)

@@ -23,7 +23,7 @@ def _inputs(B=2, H=3, K=8, Vd=16, dtype=torch.float64, device="cpu", seed=0):
     A_log = torch.rand(H, generator=gen, dtype=torch.float64).float()
     dt_bias = (torch.randn(H, generator=gen, dtype=torch.float64) * 10).float()  # some a + dt_bias beyond 20
     state = torch.randn(B, H, K, Vd, generator=gen, dtype=torch.float64) * 0.3
-    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    cast = lambda t: t.to(device=device, dtype=dtype)
     sdt = torch.float64 if dtype == torch.float64 else torch.float32
     return (cast(proj), tuple(cast(c) for c in caches), cast(w), A_log.to(device), dt_bias.to(device),
             state.to(device=device, dtype=sdt))
@@ -84,11 +84,10 @@ def _check_triton(B, H, K, Vd, dtype, device, tokens=3):
 def test_triton_token_matches_reference_interpreter(B, H, K, Vd, BV, monkeypatch):
     """Vd > BV in every case, so several programs share a head's query / key caches (the counter's last
     arrival writes them); K = 24, Vd = 40 pad the blocks. One config (the interpreter cannot autotune)."""
-    import triton
-
     from hylo_bench.kernels.gated_delta import decode_token_triton as dt
 
-    monkeypatch.setattr(dt._gdn_decode_token_kernel, "configs", [triton.Config({"BV": BV}, num_warps=1)])
+    monkeypatch.setattr(dt, "CONFIGS", ((BV, 1),))
+    monkeypatch.setattr(dt, "_BEST", {})
     _check_triton(B, H, K, Vd, torch.float32, "cpu")
 
 

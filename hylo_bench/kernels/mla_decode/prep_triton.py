@@ -25,7 +25,7 @@ from hylo_bench.kernels.pdl import use_pdl
 @triton.jit
 def _mla_decode_prep_kernel(Q, LAT, POS, CACHE, KS, WUK, KVB, QNW, KNW, KVAW, INVF,
                             stride_qb, stride_lb, stride_cb, stride_ct, stride_kb, stride_kt,
-                            mscale, q_eps, k_eps, kva_eps, QL, QPE,
+                            mscale, q_eps, k_eps, kva_eps, QL, QPE, LEN,
                             H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
                             R: tl.constexpr, NKEY: tl.constexpr, QK_NORM: tl.constexpr, KVA_NORM: tl.constexpr, BN: tl.constexpr,
                             BP2: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
@@ -69,8 +69,10 @@ def _mla_decode_prep_kernel(Q, LAT, POS, CACHE, KS, WUK, KVB, QNW, KNW, KVAW, IN
             w = tl.load(WUK + (g * N + offs_n[:, None]) * R + offs_r[None, :], mask=mn[:, None] & mr[None, :],
                         other=0.0).to(tl.float32)
             tl.store(QL + (b * H + h) * R + offs_r, tl.sum(w * qn[:, None], 0).to(dt), mask=mr)
-    else:  # key group g: its key scale; group 0 also writes the cache row
+    else:  # key group g: its key scale; group 0 also writes the cache row and the attention length pos + 1
         g = pid - H
+        if g == 0:
+            tl.store(LEN + b, pos + 1)
         if g < NKEY:
             lrow = LAT + b * stride_lb
             dt = LAT.dtype.element_ty
@@ -117,7 +119,7 @@ def mla_decode_prep_triton(q: torch.Tensor, lat: torch.Tensor, positions: torch.
                            v_dim: int, q_norm_weight: torch.Tensor | None = None, q_eps: float = 1e-6,
                            k_norm_weight: torch.Tensor | None = None, k_eps: float = 1e-6,
                            kv_a_norm_weight: torch.Tensor | None = None, kv_a_eps: float = 1e-6
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode token per sequence: absorbed queries and the new cache rows (module docstring).
 
     Args:
@@ -132,7 +134,8 @@ def mla_decode_prep_triton(q: torch.Tensor, lat: torch.Tensor, positions: torch.
         q_norm_weight, k_norm_weight: [N + P] LlamaRMSNorm weights (both or neither); kv_a_norm_weight: [R].
 
     Returns:
-        (q_lat [B, H, R], q_pe [B, H, P]) in q's dtype.
+        (q_lat [B, H, R], q_pe [B, H, P]) in q's dtype, and lengths [B] = positions + 1 (int64: the rows the
+        attention reads; saves the step an element-wise kernel).
 
     Raises:
         ValueError: float64, a mismatched shape, or only one of the q / k norm weights.
@@ -155,6 +158,7 @@ def mla_decode_prep_triton(q: torch.Tensor, lat: torch.Tensor, positions: torch.
         raise ValueError("the latent cache and key scales need a unit last stride (they are written in place)")
     q_lat = torch.empty(B, H, R, dtype=q.dtype, device=q.device)
     q_pe = torch.empty(B, H, P, dtype=q.dtype, device=q.device)
+    lengths = torch.empty(B, dtype=torch.int64, device=q.device)
     ks = key_scale if key_scale is not None else cache
     dummy = inv_freq
     pdl = use_pdl(q.device)
@@ -163,8 +167,60 @@ def mla_decode_prep_triton(q: torch.Tensor, lat: torch.Tensor, positions: torch.
         q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
         kv_a_norm_weight if kv_a_norm_weight is not None else dummy, inv_freq,
         q2.stride(0), l2.stride(0), cache.stride(0), cache.stride(1), ks.stride(0), ks.stride(1),
-        float(mscale), float(q_eps), float(k_eps), float(kv_a_eps), q_lat, q_pe,
+        float(mscale), float(q_eps), float(k_eps), float(kv_a_eps), q_lat, q_pe, lengths,
         H=H, G=G, N=N, P=P, V=V, R=R, NKEY=G if q_norm_weight is not None else 1, QK_NORM=q_norm_weight is not None, KVA_NORM=kv_a_norm_weight is not None,
         BN=max(16, triton.next_power_of_2(N)), BP2=max(16, triton.next_power_of_2(P // 2)),
         BLOCK_R=min(64, max(16, triton.next_power_of_2(R))), PDL=pdl, num_warps=4, launch_pdl=pdl)
-    return q_lat, q_pe
+    return q_lat, q_pe, lengths
+
+
+@triton.jit
+def _mla_value_up_kernel(OL, WUV, Out, stride_wg, stride_wv, stride_ob, H: tl.constexpr, G: tl.constexpr, V: tl.constexpr,
+                         R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+    """Program (b * H + h, v block): out[b, h*V + v] = sum_r W_UV[g(h), v, r] round(o_lat[b, h, r])."""
+    bh = tl.program_id(0)
+    h = bh % H
+    g = h // (H // G)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mv = offs_v < V
+    offs_r = tl.arange(0, BLOCK_R)
+    mr = offs_r < R
+    w = tl.load(WUV + g * stride_wg + offs_v[:, None] * stride_wv + offs_r[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+    if PDL:  # W_UV is a constant: loaded while the attention's combine kernel finishes
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    ol = tl.load(OL + bh.to(tl.int64) * R + offs_r, mask=mr, other=0.0)
+    ol = ol.to(Out.dtype.element_ty).to(tl.float32)  # the model rounds o_lat to its dtype first
+    o = tl.sum(w.to(tl.float32) * ol[None, :], 1)
+    tl.store(Out + (bh // H).to(tl.int64) * stride_ob + h * V + offs_v, o.to(Out.dtype.element_ty), mask=mv)
+
+
+def mla_value_up_triton(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """Values from the latent attention output: ``o[b, h] = W_UV[g(h)] round(o_lat[b, h])`` (checkpoint-format.md
+    §6 step 5), one launch instead of a dtype cast plus a batched GEMM.
+
+    Args:
+        o_lat: [B, H, R] float32 latent outputs (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
+        w_uv: [G, V, R] value up-projection (``kv_b_proj`` rows of each group), model dtype; H % G == 0.
+
+    Returns:
+        [B, H * V] in w_uv's dtype (float32 sums, one rounding), as
+        ``einsum("bgrc,gvc->bgrv", o_lat.to(dtype), w_uv)`` flattened.
+
+    Raises:
+        ValueError: float64, mismatched shapes.
+    """
+    B, H, R = o_lat.shape
+    G, V, R2 = w_uv.shape
+    if w_uv.dtype == torch.float64 or R2 != R or H % G:
+        raise ValueError(f"mla_value_up: o_lat {tuple(o_lat.shape)}, w_uv {tuple(w_uv.shape)} {w_uv.dtype} (want "
+                         f"[B, H, R] and [G, V, R] with H % G == 0, not float64)")
+    o_lat = o_lat.contiguous()
+    w = w_uv if w_uv.stride(-1) == 1 else w_uv.contiguous()  # kv_b_proj's row views: strided groups are fine
+    out = torch.empty(B, H * V, dtype=w_uv.dtype, device=o_lat.device)
+    pdl = use_pdl(o_lat.device) and w is w_uv
+    block_v = 16
+    _mla_value_up_kernel[(B * H, triton.cdiv(V, block_v))](
+        o_lat, w, out, w.stride(0), w.stride(1), out.stride(0), H=H, G=G, V=V, R=R, BLOCK_V=block_v,
+        BLOCK_R=max(16, triton.next_power_of_2(R)), PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return out
