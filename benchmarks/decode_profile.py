@@ -295,6 +295,10 @@ def main() -> None:
                               + "\n-- one step in order (first 80 kernels):\n"
                               + "\n".join(f"{t * 1e6:7.2f} us  {n[:120]}"
                                           for n, t in events[:min(80, int(parts['kernels_per_step']))]))
+                if device != "cpu":  # the GDN token kernel's (BV, num_warps), tuned on its first call
+                    from hylo_bench.kernels.gated_delta import decode_token_triton as token_kernel
+
+                    rec["gdn_token_config"] = ";".join(f"BV={bv},warps={w}" for bv, w in token_kernel._BEST.values())
                 rec["status"] = "ok"
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc)[:300])
