@@ -276,7 +276,8 @@ class Engine(_EngineBase):
         prefill_chunk: tokens per prefill chunk (bounds activation memory).
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
-        gdn_decode_backend: "auto", "torch" or "fla" (:class:`hylo_bench.serving.linear_layer.LinearServing`).
+        gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
+            :func:`hylo_bench.serving.linear_layer.select_gdn_decode_backend`).
         compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA and GDN kernels
             are opaque custom ops, :mod:`hylo_bench.serving.ops`) so Inductor fuses the small element-wise kernels
             around them; composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
@@ -301,13 +302,17 @@ class Engine(_EngineBase):
             (``benchmarks/results/decode_profile.json``). Needs merged
             projections; layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the
             torch path for that part. CUDA batches of at most 16 sequences (larger ones take the torch reference).
+            With it, each MLA layer also runs ``q_b_proj`` on the Triton GEMV and its query / cache-row glue and
+            ``W_UV`` on two Triton kernels (:meth:`hylo_bench.serving.mla_layer.MLAServing.prep_triton`; with the
+            GDN token kernel, 64K decode 1.87 -> 1.70 ms, 60.1 % of the bound: ``decode_profile_64k_tuned_at_64k.json``).
         fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with
             their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
             (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +
             residual), "head" (final norm + ``lm_head``). Default: all but "head" (cuBLAS reads the 622 MB
             Qwen3 lm_head at 97 % of copy bandwidth, the Triton GEMV at 87 %).
-        gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates: "torch", "triton" (one kernel
-            instead of about 11) or "auto" (default: triton on CUDA; :class:`LinearServing`).
+        gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates when ``gdn_decode_backend`` is
+            "fla" or "torch": "torch", "triton" (one kernel instead of about 11) or "auto" (default: triton on CUDA;
+            :class:`LinearServing`). The "triton" GDN decode back end does them in its own kernel.
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
