@@ -6,7 +6,13 @@ imported lazily. Torch reference: :func:`hylo_bench.kernels.gated_delta.decode_p
 
 Why one kernel: on the H200 a decode token's GDN part was three launches (pre-step, a bf16 copy of beta, fla's
 recurrent kernel) of about 5 + 1 + 4.4 us for 3 MB of state (6 MB read + written: 1.4 us at copy bandwidth); each
-launch is mostly latency.
+launch is mostly latency. Measured in the engine (Qwen3-1.7B-shaped 7MLA21GDN, 64K, batch 1): even with that path
+on its own (56.2 vs 56.4 % of the bandwidth bound, ``benchmarks/results/decode_profile_token.json``), 58.5 vs 56.0 %
+once the MLA glue kernels went in (``decode_profile_fused.json``). Needs no fla. Also more exact: beta stays
+float32 (fla's path rounds it to the model dtype).
+
+The earlier tokens' data (conv taps, the state block, the gate constants) is read before the PDL wait, so it loads
+while the projection GEMV before this kernel finishes.
 
 Grid (Vd / BV, B * H): program (j, b * H + h) owns the [K, BV] block j of head h's state and the BV value channels
 of that block. Every program of a head recomputes the head's K query and K key channels (their convolutions, SiLU,
