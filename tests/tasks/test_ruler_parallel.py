@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,20 @@ def test_two_shards_split_the_samples_and_match_one_process(tok, tmp_path):
     toks = [copy.deepcopy(tok), copy.deepcopy(tok)]
     models, out, errors = [DyingLM(toks[0], answers), DyingLM(toks[1], answers)], {}, []
 
+    calls = {0: 0, 1: 0}
+
+    def wait(rank: int) -> None:
+        barrier.wait()
+        calls[rank] += 1
+        if rank == 1 and calls[1] == 2:  # the first task's decode barrier: let rank 0 append a row first (this
+            # race made rank 1 count that row as done and decode the wrong samples; CI caught it now and then)
+            pred_dir, t0 = tmp_path / "two" / "predictions", time.monotonic()
+            while not list(pred_dir.glob("*.rank0of2.jsonl")) and time.monotonic() - t0 < 30:
+                time.sleep(0.01)
+
     def worker(rank: int) -> None:
         try:
-            shard = Shard(rank=rank, world_size=2, barrier=barrier.wait)
+            shard = Shard(rank=rank, world_size=2, barrier=lambda: wait(rank))
             out[rank] = evaluate_model(models[rank], toks[rank], INFO, cfg2, console=_quiet(), shard=shard)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)

@@ -42,8 +42,10 @@ def shard_path(path: Path, rank: int, world_size: int) -> Path:
     return path if world_size == 1 else path.with_name(f"{path.stem}.rank{rank}of{world_size}.jsonl")
 
 
-def _shards(path: Path) -> list[Path]:
+def shard_files(path: Path) -> list[Path]:
+    """The per-worker files of ``path`` present now (``<stem>.rank<r>of<n>.jsonl``)."""
     return sorted(path.parent.glob(f"{path.stem}.rank*of*.jsonl"))
+
 
 
 def prediction_row(sample: dict, prediction: str) -> dict:
@@ -68,15 +70,16 @@ def append_predictions(path: Path, rows: list[dict]) -> None:
         os.close(fd)
 
 
-def read_predictions(path: Path, samples: list[dict]) -> dict[int, str]:
-    """Predictions of ``samples`` found in ``path`` and its shards: ``{index: prediction}``.
+def read_predictions(path: Path, samples: list[dict], shards: bool = True) -> dict[int, str]:
+    """Predictions of ``samples`` found in ``path`` and (``shards``) its shard files: ``{index: prediction}``.
 
     Unreadable lines (a torn append), indices beyond ``samples`` and lines whose prompt hash differs from the
-    sample's are skipped; the first line of an index wins.
+    sample's are skipped; the first line of an index wins. ``shards=False`` reads the merged file only: what every
+    worker of a run sees alike while the others append to their shards.
     """
     wanted = {s["index"]: text_hash(s["prompt"]) for s in samples}
     found: dict[int, str] = {}
-    for file in [path, *_shards(path)]:
+    for file in [path, *(shard_files(path) if shards else [])]:
         if not file.is_file():
             continue
         for line in file.read_text(encoding="utf-8").splitlines():
@@ -98,12 +101,12 @@ def consolidate(path: Path, samples: list[dict]) -> dict[int, str]:
     rows = [prediction_row(by_index[i], found[i]) for i in sorted(found)]
     if rows or path.exists():
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-    for shard in _shards(path):
+    for shard in shard_files(path):
         shard.unlink()
     return found
 
 
 def discard(path: Path) -> None:
     """Delete ``path`` and its shards (a run without ``resume`` starts from no predictions)."""
-    for file in [path, *_shards(path)]:
+    for file in [path, *shard_files(path)]:
         file.unlink(missing_ok=True)

@@ -382,7 +382,8 @@ def _task_predictions(
         else:
             pred_store.discard(path)
     shard.barrier()
-    done = pred_store.read_predictions(path, samples)
+    # the merged file only: a shard another worker is already appending to would make the todo lists differ
+    done = pred_store.read_predictions(path, samples, shards=False)
     advance(len(done) if shard.rank == 0 else 0)
     own = pred_store.shard_path(path, shard.rank, shard.world_size)
 
@@ -395,10 +396,14 @@ def _task_predictions(
     shard.barrier()
     if shard.rank != 0:
         return None
+    found = pred_store.read_predictions(path, samples)
+    missing = [s["index"] for s in samples if s["index"] not in found]
+    if missing:  # keep the shard files (evidence, and --resume can reuse what they hold)
+        files = {p.name: len(p.read_text().splitlines()) for p in pred_store.shard_files(path)}
+        raise AssertionError(f"{path}: no prediction for samples {missing[:10]} after the barrier; shard files "
+                             f"(rows): {files}")
     merged = pred_store.consolidate(path, samples)
     advance(len(merged) - len(done) - len(todo))
-    missing = [s["index"] for s in samples if s["index"] not in merged]
-    assert not missing, f"{path}: no prediction for samples {missing[:10]} after the barrier"
     return [merged[s["index"]] for s in samples]
 
 
