@@ -1,7 +1,7 @@
 """GDN and Mamba-2 mixers over preallocated states, for the serving engine: chunked prefill through the module's
 own forward (fla chunk kernels on CUDA, torch on CPU) and single-token decode (GDN: one Triton kernel for the
-whole token on CUDA, or fla's fused recurrent kernel after a pre-step, or the torch step; Mamba-2: the module's torch step). States are updated in place,
-so their addresses never change (CUDA graphs).
+whole token on CUDA, or fla's fused recurrent kernel after a pre-step, or the torch step; Mamba-2: the module's
+torch step). States are updated in place, so their addresses never change (CUDA graphs).
 
 Legend: B batch, T tokens, D hidden, H heads, K / Vd GDN key / value head dims, C conv channels, W conv width.
 """
