@@ -82,3 +82,21 @@ def tiny_hybrid_config(**overrides):
               eos_token_id=None)
     kw.update(overrides)
     return HyLoConfig(**kw)
+
+
+def engine_reference_case():
+    """(model, ids, want) for the engines' back-end equivalence tests: a tiny q/k-norm hybrid whose matrices are
+    scaled x3 (so greedy tokens depend on every layer), two 13-token prompts, and the torch-back-end engine's 6
+    greedy tokens (float32, CPU)."""
+    from hylo_bench.models.hybrid import HyLoForCausalLM
+    from hylo_bench.serving.engine import Engine
+
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3)
+    ids = torch.randint(3, 97, (2, 13))
+    want, _ = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch").generate(ids, 6)
+    return model, ids, want

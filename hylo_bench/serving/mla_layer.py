@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.kernels.mla_decode import select_mla_decode_backend
 from hylo_bench.serving.fused import Prologue, merge_linears, project
@@ -107,7 +108,11 @@ class MLAServing:
             decode_backend, reason = select_mla_decode_backend(w.device, w.dtype)
             logger.info("MLA decode backend: %s (%s)", decode_backend, reason)
         self.decode_backend = decode_backend
-        # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs
+        # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs, for
+        # LlamaRMSNorm-style norms and the query through q_b_proj (no bias) or a merged q_proj
+        norms = [getattr(mla, n) for n in ("q_a_layernorm", "kv_a_layernorm", "q_norm", "k_norm") if hasattr(mla, n)]
+        self._prep_module_ok = (all(isinstance(n, LlamaRMSNorm) for n in norms)
+                                and (hasattr(mla, "q_proj") or getattr(mla.q_b_proj, "bias", None) is None))
         self.prep_backend = "triton" if (decode_backend == "triton" and w.device.type == "cuda"
                                          and w.dtype != torch.float64) else "torch"
 
@@ -263,15 +268,9 @@ class MLAServing:
         return q_lat.flatten(1, 2), q_pe[:, :, 0]
 
     def prep_fusable(self) -> bool:
-        """Whether :meth:`prep_triton` serves this layer: a Triton decode back end (CUDA, not float64), the query
-        through ``q_b_proj`` (no bias) or a merged ``q_proj``, and LlamaRMSNorm-style norms."""
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-        m = self.m
-        norms = [getattr(m, n) for n in ("q_a_layernorm", "kv_a_layernorm", "q_norm", "k_norm") if hasattr(m, n)]
-        return (self.prep_backend == "triton" and self.merged is not None
-                and all(isinstance(n, LlamaRMSNorm) for n in norms)
-                and (hasattr(m, "q_proj") or getattr(m.q_b_proj, "bias", None) is None))
+        """Whether :meth:`prep_triton` serves this layer: a Triton decode back end (CUDA, not float64), merged
+        projections, and a module the kernel can serve (``_prep_module_ok``, checked once at construction)."""
+        return self.prep_backend == "triton" and self.merged is not None and self._prep_module_ok
 
     def _query_gemv(self, first: torch.Tensor) -> torch.Tensor:
         """The query [B, 1, H*(N+P)] from its first projection: ``q_b_proj`` on the Triton GEMV (with

@@ -11,22 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from hylo_bench.kernels.gated_delta.decode_prestep import gdn_decode_token_reference
+from tests.kernels.test_gdn_prestep import _inputs as prestep_inputs
 
 
 def _inputs(B=2, H=3, K=8, Vd=16, dtype=torch.float64, device="cpu", seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    Ck, Cv = H * K, H * Vd
-    C = 2 * Ck + Cv
-    proj = torch.randn(B, 1, C + 2 * H + Cv, generator=gen, dtype=torch.float64) * 2
-    caches = tuple(torch.randn(B, c, 3, generator=gen, dtype=torch.float64) for c in (Ck, Ck, Cv))
-    w = torch.randn(C, 4, generator=gen, dtype=torch.float64) * 0.5
-    A_log = torch.rand(H, generator=gen, dtype=torch.float64).float()
-    dt_bias = (torch.randn(H, generator=gen, dtype=torch.float64) * 10).float()  # some a + dt_bias beyond 20
+    """The pre-step test's inputs plus a recurrent state [B, H, K, Vd] (float32; float64 for float64)."""
+    proj, caches, w, A_log, dt_bias = prestep_inputs(B, H, K, Vd, dtype, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
     state = torch.randn(B, H, K, Vd, generator=gen, dtype=torch.float64) * 0.3
-    cast = lambda t: t.to(device=device, dtype=dtype)
     sdt = torch.float64 if dtype == torch.float64 else torch.float32
-    return (cast(proj), tuple(cast(c) for c in caches), cast(w), A_log.to(device), dt_bias.to(device),
-            state.to(device=device, dtype=sdt))
+    return proj, caches, w, A_log, dt_bias, state.to(device=device, dtype=sdt)
 
 
 def test_reference_equals_a_naive_float64_recurrence():
@@ -128,18 +122,10 @@ def test_engine_with_the_token_kernel_equals_torch_engine(monkeypatch):
     tensors) give the torch engine's greedy tokens (float32, batch 2, prompts then 6 decode tokens)."""
     at = pytest.importorskip("triton.runtime.autotuner")
     monkeypatch.setattr(at.Autotuner, "do_bench", lambda self, *a, **k: [0.0, 0.0, 0.0])
-    from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.serving.engine import Engine
-    from tests.conftest import tiny_hybrid_config
+    from tests.conftest import engine_reference_case
 
-    torch.manual_seed(0)
-    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(3)
-    ids = torch.randint(3, 97, (2, 13))
-    want, _ = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch").generate(ids, 6)
+    model, ids, want = engine_reference_case()
     engine = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch")
     gdn = [srv for srv in engine.mixers if getattr(srv, "kind", None) == "gdn"]
     assert gdn and all(srv.m.head_v_dim > 8 for srv in gdn)  # several programs per head at BV = 8

@@ -44,18 +44,10 @@ def test_engine_with_triton_and_fla_decode_equals_torch_engine(monkeypatch):
     pytest.importorskip("fla")
     import hylo_bench.serving.mla_layer as ML
     from hylo_bench.kernels.mla_decode.triton_kernel import mla_decode_triton
-    from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.serving.engine import Engine
-    from tests.conftest import tiny_hybrid_config
+    from tests.conftest import engine_reference_case
 
-    torch.manual_seed(0)
-    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(3)
-    ids = torch.randint(3, 97, (2, 13))
-    want, _ = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch").generate(ids, 6)
+    model, ids, want = engine_reference_case()
     calls = []
 
     def triton_decode(q_lat, q_rope, cache, lengths, *, scale, key_scale=None, backend="auto"):

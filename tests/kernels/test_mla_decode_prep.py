@@ -92,19 +92,11 @@ def test_prep_kernel_matches_torch_path_on_cuda(cfg):
 def test_engine_with_the_glue_kernels_equals_torch_engine(monkeypatch):
     """The engine's fused decode layer with the prep and W_UV kernels (forced on CPU under the interpreter; the
     fused GEMVs fall back to their torch reference off CUDA) gives the torch engine's greedy tokens (float32)."""
-    from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.serving.engine import Engine
     from hylo_bench.serving.mla_layer import MLAServing
-    from tests.conftest import tiny_hybrid_config
+    from tests.conftest import engine_reference_case
 
-    torch.manual_seed(0)
-    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(3)
-    ids = torch.randint(3, 97, (2, 13))
-    want, _ = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch").generate(ids, 6)
+    model, ids, want = engine_reference_case()
     engine = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch", gemv_backend="triton")
     mla = [srv for srv in engine.mixers if isinstance(srv, MLAServing)]
     for srv in mla:

@@ -75,6 +75,40 @@ def _gdn_decode_prestep_kernel(P, CQ, CK, CV, CW, ALOG, DTB, ACT, G, BETA,
         tl.store(BETA + b * stride_gb + h, 1.0 / (1.0 + tl.exp(-bb)), mask=mh)
 
 
+def check_conv_step_inputs(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                           conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                           what: str) -> torch.Tensor:
+    """Validate a GDN decode token's inputs for a Triton kernel (``what`` names it in the messages) and return
+    proj as [B, >= C + 2H] with a unit last stride.
+
+    Raises:
+        ValueError: float64 proj (the kernels sum in float32; use the reference), caches that are not
+            [B, Ck | Ck | Cv, 3] with a unit tap stride, a conv weight that is not [C, 4], a proj narrower than
+            C + 2H or a dt_bias that is not [H] (H = A_log's length).
+    """
+    B, H = proj.shape[0], A_log.shape[0]
+    cq, ck, cv = conv_caches
+    Ck, Cv = cq.shape[1], cv.shape[1]
+    C = 2 * Ck + Cv
+    if proj.dtype == torch.float64:
+        raise ValueError(f"the Triton GDN {what} sums in float32; float64 inputs take the reference")
+    p2 = proj.reshape(B, -1)
+    if p2.stride(-1) != 1:
+        p2 = p2.contiguous()
+    if any(t.dim() != 3 or t.shape[2] != 3 or t.stride(-1) != 1 or t.shape[0] != B for t in conv_caches) \
+            or ck.shape[1] != Ck:
+        raise ValueError(f"the Triton GDN {what} serves 4-tap convs with caches [B={B}, Ck | Ck | Cv, 3] of unit "
+                         f"tap stride; got caches {[tuple(t.shape) for t in conv_caches]}, strides "
+                         f"{[t.stride() for t in conv_caches]} (use the reference)")
+    if tuple(conv_weight.shape) != (C, 4):
+        raise ValueError(f"conv_weight must be [C={C}, 4] (q, k, v conv weights stacked); "
+                         f"got {tuple(conv_weight.shape)}")
+    if p2.shape[1] < C + 2 * H or dt_bias.shape != (H,):
+        raise ValueError(f"proj must be [B, 1, >= C + 2H = {C + 2 * H}] and dt_bias [H={H}]; got proj "
+                         f"{tuple(proj.shape)}, dt_bias {tuple(dt_bias.shape)}")
+    return p2
+
+
 def gdn_decode_prestep_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                               conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,27 +119,10 @@ def gdn_decode_prestep_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tenso
             every released layout), caches that are not [B, Ck | Ck | Cv, 3] with a unit tap stride, a conv weight
             that is not [C, 4], or a proj narrower than C + 2H.
     """
-    B = proj.shape[0]
     cq, ck, cv = conv_caches
-    Ck, Cv, W1 = cq.shape[1], cv.shape[1], cq.shape[2]
-    H = A_log.shape[0]
+    p2 = check_conv_step_inputs(proj, conv_caches, conv_weight, A_log, dt_bias, "pre-step")
+    B, Ck, Cv, H = p2.shape[0], cq.shape[1], cv.shape[1], A_log.shape[0]
     C = 2 * Ck + Cv
-    if proj.dtype == torch.float64:
-        raise ValueError("the Triton GDN pre-step sums in float32; float64 inputs take the reference")
-    p2 = proj.reshape(B, -1)
-    if p2.stride(-1) != 1:
-        p2 = p2.contiguous()
-    if W1 != 3 or any(t.stride(-1) != 1 or t.shape[2] != 3 or t.shape[0] != B for t in conv_caches) \
-            or ck.shape[1] != Ck:
-        raise ValueError(f"the Triton GDN pre-step serves 4-tap convs with caches [B={B}, Ck | Ck | Cv, 3] of unit "
-                         f"tap stride; got caches {[tuple(t.shape) for t in conv_caches]}, strides "
-                         f"{[t.stride() for t in conv_caches]} (use the reference)")
-    if tuple(conv_weight.shape) != (C, 4):
-        raise ValueError(f"conv_weight must be [C={C}, 4] (q, k, v conv weights stacked); "
-                         f"got {tuple(conv_weight.shape)}")
-    if p2.shape[1] < C + 2 * H or dt_bias.shape != (H,):
-        raise ValueError(f"proj must be [B, 1, >= C + 2H = {C + 2 * H}] and dt_bias [H={H}]; got proj "
-                         f"{tuple(proj.shape)}, dt_bias {tuple(dt_bias.shape)}")
     act = torch.empty(B, C, dtype=proj.dtype, device=proj.device)
     g = torch.empty(B, H, dtype=torch.float32, device=proj.device)
     beta = torch.empty_like(g)

@@ -29,13 +29,13 @@ scale K^-0.5); ``ShortConvolution`` step (fla 0.6.0 ``fla/modules/convolution.py
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from hylo_bench.kernels.gated_delta.decode_prestep_triton import check_conv_step_inputs
 from hylo_bench.kernels.pdl import use_pdl
+from hylo_bench.kernels.tuning import fastest
 
 L2NORM_EPS = 1e-6
 # (BV, num_warps) candidates; the first call per shape times each on scratch copies of the state and caches (Triton's
@@ -154,28 +154,12 @@ def gdn_decode_token_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor,
         ValueError: float64 inputs (use the reference), caches / conv weight / state / counters of the wrong shape,
             dtype or strides (the messages name the tensor and what was expected).
     """
-    B = proj.shape[0]
     cq, ck, cv = conv_caches
-    H = A_log.shape[0]
-    Ck, Cv = cq.shape[1], cv.shape[1]
+    p2 = check_conv_step_inputs(proj, conv_caches, conv_weight, A_log, dt_bias, "decode token")
+    B, H, Ck, Cv = p2.shape[0], A_log.shape[0], cq.shape[1], cv.shape[1]
+    if Ck % H or Cv % H:
+        raise ValueError(f"q / k / v conv widths {Ck} / {Ck} / {Cv} must be multiples of H={H} (A_log [H])")
     K, Vd = Ck // H, Cv // H
-    C = 2 * Ck + Cv
-    if proj.dtype == torch.float64:
-        raise ValueError("the Triton GDN decode token sums in float32; float64 inputs take the reference")
-    p2 = proj.reshape(B, -1)
-    if p2.stride(-1) != 1:
-        p2 = p2.contiguous()
-    if any(t.shape[2] != 3 or t.stride(-1) != 1 or t.shape[0] != B for t in conv_caches) or ck.shape[1] != Ck \
-            or Ck % H or Cv % H:
-        raise ValueError(f"the Triton GDN decode token serves 4-tap convs with caches [B={B}, H*K | H*K | H*Vd, 3] "
-                         f"of unit tap stride (H={H}); got {[tuple(t.shape) for t in conv_caches]}, strides "
-                         f"{[t.stride() for t in conv_caches]}")
-    if tuple(conv_weight.shape) != (C, 4):
-        raise ValueError(f"conv_weight must be [C={C}, 4] (q, k, v conv weights stacked); got "
-                         f"{tuple(conv_weight.shape)}")
-    if p2.shape[1] < C + 2 * H or dt_bias.shape != (H,):
-        raise ValueError(f"proj must be [B, 1, >= C + 2H = {C + 2 * H}] and dt_bias [H={H}]; got proj "
-                         f"{tuple(proj.shape)}, dt_bias {tuple(dt_bias.shape)}")
     if tuple(state.shape) != (B, H, K, Vd) or state.dtype != torch.float32 or state.stride(3) != 1 \
             or state.stride(2) != Vd:
         raise ValueError(f"state must be float32 [B={B}, H={H}, K={K}, Vd={Vd}] with contiguous [K, Vd] heads; got "
@@ -185,7 +169,8 @@ def gdn_decode_token_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor,
                          f"{counters.dtype} {tuple(counters.shape)}")
     o = torch.empty(B, Cv, dtype=proj.dtype, device=proj.device)
     cw, a_log, dtb = conv_weight.contiguous(), A_log.contiguous(), dt_bias.contiguous()
-    pdl = use_pdl(proj.device)
+    # PDL reads cw / a_log / dtb before the previous kernel ends: not when that kernel made them (a contiguous copy)
+    pdl = use_pdl(proj.device) and all(t is u for t, u in ((cw, conv_weight), (a_log, A_log), (dtb, dt_bias)))
 
     def launch(cfg, cq, ck, cv, state, counters):
         bv, warps = cfg
@@ -196,19 +181,8 @@ def gdn_decode_token_triton(proj: torch.Tensor, conv_caches: tuple[torch.Tensor,
             K=K, Vd=Vd, BK=triton.next_power_of_2(K), PDL=pdl, BV=bv, num_warps=warps, launch_pdl=pdl)
 
     key = (B, H, K, Vd, proj.dtype, pdl)
-    if key not in _BEST:
-        _BEST[key] = _tune(launch, cq, ck, cv, state, counters[:B * H])
+    if key not in _BEST:  # timed on scratch copies: the real caches and state see one token
+        scratch = [t.clone() for t in (cq, ck, cv, state)] + [torch.zeros_like(counters)]
+        _BEST[key] = fastest(CONFIGS, lambda cfg: launch(cfg, *scratch))
     launch(_BEST[key], cq, ck, cv, state, counters)
     return o
-
-
-def _tune(launch, cq, ck, cv, state, counters) -> tuple[int, int]:
-    """The fastest of :data:`CONFIGS` (``triton.testing.do_bench``, on scratch copies: the real caches and state
-    see one token), or the first under Triton's interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or len(CONFIGS) == 1:
-        return CONFIGS[0]
-    from triton.testing import do_bench
-
-    scratch = [t.clone() for t in (cq, ck, cv, state)] + [torch.zeros_like(counters)]
-    times = {cfg: do_bench(lambda cfg=cfg: launch(cfg, *scratch)) for cfg in CONFIGS}
-    return min(times, key=times.get)

@@ -13,19 +13,19 @@ Adapted from the split-KV decode design of FlashDecoding / vLLM ``triton_decode_
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from hylo_bench.kernels.tuning import fastest
 
 BLOCK_N = 32  # split granularity in tokens; the kernel's own tile (tuned, SPLIT_CONFIGS) may be larger, masks cover the rest
 TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
 
 
 # (BLOCK_N, num_warps, num_stages) candidates of the split kernel. The first call per shape times each with every
-# sequence at full cache length (:func:`_tune_split`): Triton's autotuner timed whatever lengths the first call had,
-# so an engine sized for 64K but first run at 8K kept a config that read the 64K cache at 18 -> 25 us per layer
+# sequence at full cache length (:func:`hylo_bench.kernels.tuning.fastest`): Triton's autotuner timed whatever
+# lengths the first call had, so an engine sized for 64K but first run at 8K kept a config that read the 64K cache at 18 -> 25 us per layer
 # (H200: 58.4 % of the bandwidth bound at 64K instead of 60.1 %; benchmarks/results/decode_profile_glue.json and
 # decode_profile_64k_tuned_at_64k.json).
 SPLIT_CONFIGS = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))
@@ -117,19 +117,6 @@ def num_splits_for(batch: int, capacity: int) -> tuple[int, int]:
     return triton.cdiv(capacity, per), per
 
 
-def _tune_split(launch, B: int, T: int, acc, m, lsum) -> tuple[int, int, int]:
-    """The fastest of :data:`SPLIT_CONFIGS` with every sequence at the full cache length T (the case that bounds a
-    decode step), timed by ``triton.testing.do_bench`` into scratch outputs; the first under Triton's interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or len(SPLIT_CONFIGS) == 1:
-        return SPLIT_CONFIGS[0]
-    from triton.testing import do_bench
-
-    full = torch.full((B,), T, dtype=torch.int64, device=acc.device)
-    scratch = (torch.empty_like(acc), torch.empty_like(m), torch.empty_like(lsum))
-    times = {cfg: do_bench(lambda cfg=cfg: launch(cfg, full, *scratch)) for cfg in SPLIT_CONFIGS}
-    return min(times, key=times.get)
-
-
 def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor,
                       scale: float, key_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of :func:`hylo_bench.kernels.mla_decode.reference.mla_decode_reference` (same arguments).
@@ -168,8 +155,10 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
         )
 
     key = (B, T, H, R, P, key_scale is not None, cache.dtype)
-    if key not in _BEST_SPLIT:
-        _BEST_SPLIT[key] = _tune_split(launch, B, T, acc, m, lsum)
+    if key not in _BEST_SPLIT:  # every sequence at the full cache length T (the case that bounds a step), into scratch
+        full = torch.full((B,), T, dtype=torch.int64, device=cache.device)
+        scratch = (torch.empty_like(acc), torch.empty_like(m), torch.empty_like(lsum))
+        _BEST_SPLIT[key] = fastest(SPLIT_CONFIGS, lambda cfg: launch(cfg, full, *scratch))
     launch(_BEST_SPLIT[key], lengths, acc, m, lsum)
     out = torch.empty(B, H, R, dtype=torch.float32, device=cache.device)
     block_r = 16
