@@ -26,7 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.kernels.mla_decode import select_mla_decode_backend
 from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import mla_decode_op
+from hylo_bench.serving.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +231,6 @@ class MLAServing:
                               key_scale=None if slot.key_scale is None else slot.key_scale[:B],
                               backend=self.decode_backend)
         if triton_glue:
-            from hylo_bench.serving.ops import mla_value_up_op
-
             o = mla_value_up_op(o_lat, self.w_uv.to(x.dtype)).view(B, 1, self.H * self.V)
         else:
             rep = self.H // self.G
@@ -283,8 +281,6 @@ class MLAServing:
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`prep_torch` in one Triton kernel (:mod:`hylo_bench.kernels.mla_decode.prep_triton`), from the
         query q [B, 1, H*(N+P)] (after ``q_b_proj``) and lat [B, 1, R + P]; also returns lengths = positions + 1."""
-        from hylo_bench.serving.ops import mla_decode_prep_op
-
         m = self.m
         kva = getattr(m, "kv_a_layernorm", None)
         return mla_decode_prep_op(
