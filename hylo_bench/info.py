@@ -175,6 +175,8 @@ def describe(spec: str) -> dict[str, Any]:
     Raises:
         See :func:`resolve_target`.
     """
+    if _is_transformer_target(spec):
+        return describe_transformer(spec)
     t = resolve_target(spec)
     cfg = t.config
     counts = parameter_counts(cfg)
@@ -214,7 +216,57 @@ def describe(spec: str) -> dict[str, Any]:
         out["linear_dims"] = M.mamba2_dims(cfg)
     if t.recipe is not None and t.recipe.paper_kv_cache_pct is not None:
         out["paper_kv_cache_pct"] = t.recipe.paper_kv_cache_pct
+    base_tied = bool((cfg.base_config or {}).get("tie_word_embeddings", False))
+    out["embeddings"] = {"base_tied": base_tied, "lm_head": "untied",
+                         "note": ("the base ties lm_head to the embedding; the hybrid's lm_head is its own tensor, "
+                                  "initialised as a copy of the embedding (released layout)") if base_tied else
+                         "untied, as in the base"}
     return out
+
+
+def _is_transformer_target(spec: str) -> bool:
+    """``demo``, a ``.gguf`` file, a fetched known model, or a checkpoint folder without ``hybrid_config.json``."""
+    from hylo_bench.models import gguf
+    from hylo_bench.models.spec import HYBRID_CONFIG_NAME
+
+    p = Path(spec).expanduser()
+    if spec == "demo" or gguf.is_gguf_path(spec) and not p.is_dir() or (spec in gguf.KNOWN_MODELS and not p.exists()):
+        return True
+    return p.is_dir() and (p / "config.json").is_file() and not (p / HYBRID_CONFIG_NAME).is_file()
+
+
+def describe_transformer(spec: str) -> dict[str, Any]:
+    """``hylo-bench info`` of a plain transformer (a ``.gguf`` file is converted first, see
+    :mod:`hylo_bench.models.gguf`): shape, parameters from the safetensors headers, tied embeddings, KV cache
+    bytes per token in bf16 (2 x layers x KV heads x head_dim x 2 B) and what upcycling it would do to the head.
+
+    Raises:
+        FileNotFoundError / ValueError: unresolvable spec, bad GGUF file, unreadable ``config.json`` (named).
+    """
+    from hylo_bench.models.checkpoint import read_tensor_shapes, resolve_checkpoint_dir
+    from hylo_bench.models.gguf import conversion_info
+
+    d = resolve_checkpoint_dir(spec)
+    try:
+        c = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{d / 'config.json'}: unreadable ({e})") from None
+    n_heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // n_heads if n_heads else None)
+    n_kv = c.get("num_key_value_heads") or n_heads
+    shapes = read_tensor_shapes(d)
+    params = sum(math.prod(s) for s, _ in shapes.values())
+    tied = bool(c.get("tie_word_embeddings", False))
+    rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta"), **(c.get("rope_scaling") or {})}
+    return {"name": str(spec), "kind": "transformer", "path": str(d), "model_type": c.get("model_type"),
+            "num_layers": c.get("num_hidden_layers"), "hidden_size": c.get("hidden_size"),
+            "intermediate_size": c.get("intermediate_size"), "num_attention_heads": n_heads,
+            "num_key_value_heads": n_kv, "head_dim": head_dim, "vocab_size": c.get("vocab_size"), "params": params,
+            "kv_cache_bytes_per_token": 2 * c.get("num_hidden_layers", 0) * n_kv * head_dim * M.BF16_BYTES,
+            "max_position_embeddings": c.get("max_position_embeddings"), "rope": rope,
+            "dtype": {"stored": c.get("dtype") or c.get("torch_dtype")},
+            "embeddings": {"tied": tied, "upcycled_lm_head": "untied copy of the embedding" if tied else "copied"},
+            "converted_from": conversion_info(d)}
 
 
 def kv_report(spec: str, **kw) -> dict[str, Any]:
@@ -236,6 +288,9 @@ def render_info(d: dict[str, Any]) -> list:
     """Rich renderables for ``hylo-bench info`` (summary, per-component parameters, layer plan)."""
     from rich.table import Table
 
+    if d["kind"] == "transformer":
+        return [_render_transformer(d)]
+
     summary = Table(title=f"{d['name']} ({d['kind']})", show_header=False)
     ctx = d["trained_context_tokens"]
     rope = d["rope"]
@@ -251,7 +306,8 @@ def render_info(d: dict[str, Any]) -> list:
                                  f"; recurrent fp32, conv bf16)"),
             ("trained context", f"{ctx:,} tokens" if ctx else "unknown"),
             ("MLA RoPE", f"theta {rope['rope_theta']:g}; {yarn}"),
-            ("dtype", f"compute {d['dtype']['compute']}, stored {d['dtype']['stored'] or 'unknown'}")]
+            ("dtype", f"compute {d['dtype']['compute']}, stored {d['dtype']['stored'] or 'unknown'}"),
+            ("lm_head", d["embeddings"]["note"])]
     for k, v in rows:
         summary.add_row(k, v)
     comp = Table(title="parameters by component")
@@ -266,6 +322,29 @@ def render_info(d: dict[str, Any]) -> list:
         layers.add_row(str(lay["index"]), lay["mixer"], f"{lay['params']:,}", f"{lay['mixer_params']:,}",
                        f"{lay['kv_cache_bytes_per_token']:,}", f"{lay['state_bytes_per_sequence']:,}")
     return [summary, comp, layers]
+
+
+def _render_transformer(d: dict[str, Any]):
+    from rich.table import Table
+
+    t = Table(title=f"{d['name']} (transformer)", show_header=False)
+    src = d.get("converted_from")
+    rows = [("architecture", f"{d['model_type']}: {d['num_layers']} layers, hidden {d['hidden_size']}, "
+                             f"{d['num_attention_heads']} heads / {d['num_key_value_heads']} KV heads of "
+                             f"{d['head_dim']}, vocab {d['vocab_size']:,}"),
+            ("parameters", f"{d['params']:,}"),
+            ("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B bf16"),
+            ("context", f"{d['max_position_embeddings']:,} tokens; RoPE {d['rope']}"),
+            ("embeddings", ("tied (lm_head = embedding); an upcycled hybrid gets an untied lm_head, a copy of "
+                            "the embedding") if d["embeddings"]["tied"] else "untied"),
+            ("weights", f"{d['path']} ({d['dtype']['stored'] or 'unknown dtype'})")]
+    if src:
+        rows.append(("converted from", f"{src['source']} (GGUF v{src['gguf_version']}, "
+                                       f"{', '.join(f'{k} x{v}' for k, v in src['quantization'].items())}; "
+                                       f"sha256 {src['sha256'][:16]}...)"))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
 
 
 def render_kv(d: dict[str, Any]) -> list:

@@ -33,23 +33,34 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint's tensors disagree with the architecture its config describes (lists every key)."""
 
 
-def resolve_checkpoint_dir(spec: str | Path) -> Path:
-    """Local directory of a checkpoint given a local path, ``demo``, or a Hugging Face hub id.
+def resolve_checkpoint_dir(spec: str | Path, gguf_dtype=None) -> Path:
+    """Local directory of a checkpoint given a local path, ``demo``, a ``.gguf`` file, a known model name
+    (``hylo-bench fetch``), or a Hugging Face hub id.
 
-    Hub ids are looked up in the local HF cache first (works offline), then downloaded.
+    Hub ids are looked up in the local HF cache first (works offline), then downloaded. A ``.gguf`` file (or a
+    fetched known model) resolves to its converted folder in the cache, converted on first use in ``gguf_dtype``
+    (None: any conversion already cached, else float32; :mod:`hylo_bench.models.gguf`).
 
     Raises:
-        FileNotFoundError: when the spec is neither an existing directory nor a resolvable hub id.
+        FileNotFoundError: when the spec is neither an existing directory, a GGUF file, a fetched known model nor
+            a resolvable hub id. ValueError: a bad GGUF file (named).
     """
+    from hylo_bench.models import gguf
+
     if str(spec) == "demo":
         from hylo_bench.models.loading import demo_teacher_dir
 
         return demo_teacher_dir()
+    if str(spec) in gguf.KNOWN_MODELS and not Path(spec).exists():
+        return gguf.resolve_known_model(str(spec), gguf_dtype)
     p = Path(spec).expanduser()
+    if gguf.is_gguf_path(p) and not p.is_dir():
+        return gguf.convert_gguf(p, gguf_dtype)
     if p.is_dir():
         return p
     if p.exists():
-        raise FileNotFoundError(f"{p}: is a file; expected a checkpoint directory (config.json, weights, tokenizer)")
+        raise FileNotFoundError(f"{p}: is a file; expected a checkpoint directory (config.json, weights, tokenizer) "
+                                f"or a .gguf model file")
     if str(spec).count("/") != 1 or str(spec).startswith((".", "/")):
         raise FileNotFoundError(f"{spec}: no such directory, and not a hub id of the form 'org/name'")
     from huggingface_hub import snapshot_download
