@@ -67,15 +67,18 @@ def upcycle(
                                          "explicit flags override its values."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe key, e.g. "
                                              "mla.kv_lora_rank=64 or stages.1.lr=1e-4 (repeatable)."),
-    base: Optional[str] = typer.Option(None, "--base", help="Llama / Qwen3 checkpoint: hub id, local dir or 'demo' "
-                                       "(default: the recipe's backbone, else 'demo')."),
+    base: Optional[str] = typer.Option(None, "--base", help="Llama / Qwen3 checkpoint: hub id, local dir, .gguf "
+                                       "file, fetched model name or 'demo' (default: the recipe's backbone, else "
+                                       "'demo')."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="Distillation teacher (default: the base)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="e.g. 7MLA21GDN (default placement), or "
                                          "auto:7MLA21GDN to keep as MLA the layers whose linear replacement "
                                          "costs the most KL on --data (OUT/layer_selection.json)."),
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
-    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default), a .txt/.jsonl file or directory, or a "
-                                       "mixture .yaml (weighted sources; see hylo_bench/upcycle/mixture.py)."),
+    data: Optional[str] = typer.Option(None, "--data", help="'demo' (default for the demo base), a .txt/.jsonl/"
+                                       ".parquet file or directory (text or conversations), or a mixture .yaml "
+                                       "(weighted sources; see hylo_bench/upcycle/mixture.py); default with "
+                                       "--recipe: the recipe's data."),
     decontam: Optional[list[str]] = typer.Option(None, "--decontam", help="Drop --data documents sharing a word "
                                                  "13-gram with these eval sets: DIR/<task>/<split>.jsonl (as for "
                                                  "eval --data-dir) and .txt files (repeatable; report in "
@@ -114,6 +117,16 @@ def upcycle(
                                                 "MI300X, none on CPU)."),
     tensorboard: Optional[bool] = typer.Option(None, "--tensorboard/--no-tensorboard",
                                                help="TensorBoard events in OUT/tb/ (needs hylo-bench[tensorboard])."),
+    kl_tokens: Optional[str] = typer.Option(None, "--kl-tokens", help="KD positions whose KL counts: all "
+                                            "(default) or assistant (the next token is an assistant token of a "
+                                            "conversation)."),
+    allow_demo_data: bool = typer.Option(False, "--allow-demo-data", help="Let --data demo (the shipped demo "
+                                         "text) distil a base other than the demo teacher."),
+    init: Optional[str] = typer.Option(None, "--init", help="svd (mixers from the attention weights, default) or "
+                                       "random (fresh mixers, same layout: the baseline the init is measured "
+                                       "against)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from this HyLo checkpoint (e.g. a "
+                                            "shared ILD run's OUT) instead of initialising; its layout is kept."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
     from hylo_bench.upcycle.recipes import resolve_upcycle_cli
@@ -127,7 +140,8 @@ def upcycle(
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
             tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
-            results_dir=str(results_dir) if results_dir else None, db=db))
+            results_dir=str(results_dir) if results_dir else None, db=db, kl_tokens=kl_tokens,
+            allow_demo_data=allow_demo_data or None, init=init, init_from=init_from))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)

@@ -29,10 +29,10 @@ def test_python_dash_m_works_like_the_console_script():
 
 def test_bad_layout_and_stages_fail_with_named_flag(tiny_base_dir, tmp_path):
     res = runner.invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
-                              "--layout", "3MLA3GDN", "--device", "cpu"])
+                              "--layout", "3MLA3GDN", "--device", "cpu", "--allow-demo-data"])
     assert res.exit_code == 2 and "--layout '3MLA3GDN' has 3+3=6 layers; the base model has 4" in res.output
     res = runner.invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
-                              "--stages", "2k:foo", "--device", "cpu"])
+                              "--stages", "2k:foo", "--device", "cpu", "--allow-demo-data"])
     assert res.exit_code == 2 and "kind 'foo'" in res.output
     res = runner.invoke(app, ["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "nope" in res.output

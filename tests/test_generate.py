@@ -36,7 +36,7 @@ def upcycled(tiny_base_dir, tmp_path_factory):
     try:
         res = runner.invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(out), "--stages",
                                   "128:ild@256,128@256", "--batch-size", "2", "--device", "cpu", "--eval-windows",
-                                  "1", "--no-stage-checkpoints"])
+                                  "1", "--no-stage-checkpoints", "--allow-demo-data"])
     finally:
         mp.undo()
     assert res.exit_code == 0, res.output

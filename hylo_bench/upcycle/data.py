@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -24,11 +24,16 @@ from hylo_bench.upcycle.packing import PackedRows, pack_documents, positions_fro
 TRAIN_SEED_BASE = 10_000
 
 
-def shipped_text() -> str:
-    """The public-domain text shipped in the package (Bierce, The Devil's Dictionary, 1911)."""
+def shipped_text_path() -> Path:
+    """Path of the public-domain text shipped in the package (Bierce, The Devil's Dictionary, 1911)."""
     from importlib import resources
 
-    return (resources.files("hylo_bench") / "data" / "devils-dictionary.txt").read_text(encoding="utf-8")
+    return Path(str(resources.files("hylo_bench") / "data" / "devils-dictionary.txt"))
+
+
+def shipped_text() -> str:
+    """The public-domain text shipped in the package (Bierce, The Devil's Dictionary, 1911)."""
+    return shipped_text_path().read_text(encoding="utf-8")
 
 
 def split_documents(text: str) -> list[str]:
@@ -36,16 +41,86 @@ def split_documents(text: str) -> list[str]:
     return [d.strip() for d in text.split("\n\n") if d.strip()]
 
 
-def load_documents(path: str | Path) -> list[str]:
-    """Read documents from a .txt / .jsonl file or a directory of them (see :func:`load_documents_with_ids`)."""
-    return [text for _, text in load_documents_with_ids(path)]
+def load_documents(path: str | Path) -> list[Document]:
+    """Read documents from a .txt / .jsonl / .parquet file or a directory of them (see
+    :func:`load_documents_with_ids`)."""
+    return [doc for _, doc in load_documents_with_ids(path)]
 
 
-def load_documents_with_ids(path: str | Path) -> list[tuple[str, str]]:
-    """``(doc_id, text)`` documents of a .txt / .jsonl file or a directory of them, files in sorted order.
+Document = Union[str, list]
+"""A training document: plain text, or a conversation ``[{"role", "content"}, ...]`` (``hylo_bench.text.chat``)."""
+DATA_SUFFIXES = (".txt", ".jsonl", ".parquet")
+FORMATS = ("auto", "text", "chat")
 
-    Ids: ``"<file>:<line>"`` for JSONL rows, ``"<file>#<block>"`` for blank-line blocks of text files (1-based;
-    ``<file>`` relative to a directory ``path``, the file name otherwise); ``"demo#<block>"`` for ``demo``.
+
+def _row_document(row, where: str, text_field: str, fmt: str, columns: tuple[str, str] | None = None) -> Document:
+    """The document of one JSONL / parquet / hub row: its ``text_field`` (format ``text``), its conversation
+    (``chat``), or whichever it has (``auto``: the text field first). ``columns`` (prompt, response): read the row
+    as a one-turn conversation from these two columns.
+
+    Raises:
+        ValueError: naming ``where`` and the expected fields.
+    """
+    from hylo_bench.text.chat import ROW_SHAPES, conversation_from_row
+
+    if columns is not None:
+        if not isinstance(row, dict) or not all(isinstance(row.get(c), str) for c in columns):
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{where}: expected string columns {columns[0]!r} and {columns[1]!r}; found {keys}")
+        row = {"prompt": row[columns[0]], "response": row[columns[1]]}
+    if fmt != "chat" and isinstance(row, dict) and text_field in row:
+        if not isinstance(row[text_field], str):
+            raise ValueError(f"{where}: field {text_field!r} must be a string, got {type(row[text_field]).__name__}")
+        return row[text_field]
+    conv = conversation_from_row(row, where) if fmt != "text" else None
+    if conv is None:
+        want = {"text": f"a {text_field!r} field", "chat": ROW_SHAPES,
+                "auto": f"a {text_field!r} field, or {ROW_SHAPES}"}[fmt]
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ValueError(f"{where}: expected a JSON object with {want}; found {keys}")
+    return conv
+
+
+def read_document_file(f: Path, name: str, text_field: str = "text", fmt: str = "auto",
+                       columns: tuple[str, str] | None = None) -> list[tuple[str, Document]]:
+    """``(doc_id, document)`` of one data file: blank-line blocks of a ``.txt`` (ids ``name#k``), rows of a
+    ``.jsonl`` (``name:line``) or ``.parquet`` (``name:row``), 1-based; rows as :func:`_row_document` reads them.
+
+    Raises:
+        ValueError: unsupported suffix, unreadable row (file and line named), missing pyarrow for parquet.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if f.suffix == ".txt":
+        return [(f"{name}#{k}", d) for k, d in enumerate(split_documents(f.read_text(encoding="utf-8")), 1)]
+    if f.suffix == ".jsonl":
+        docs: list[tuple[str, Document]] = []
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}:{n}: not valid JSON ({e})") from None
+            docs.append((f"{name}:{n}", _row_document(row, f"{f}:{n}", text_field, fmt, columns)))
+        return docs
+    if f.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ValueError(f"{f}: reading .parquet needs pyarrow (pip install pyarrow)") from e
+        rows = pq.read_table(f).to_pylist()
+        return [(f"{name}:{n}", _row_document(row, f"{f} row {n}", text_field, fmt, columns))
+                for n, row in enumerate(rows, 1) if not (isinstance(row, dict) and row.get(text_field, "") is None)]
+    raise ValueError(f"{f}: unsupported file type {f.suffix!r}; use {', '.join(DATA_SUFFIXES)}")
+
+
+def load_documents_with_ids(path: str | Path) -> list[tuple[str, Document]]:
+    """``(doc_id, document)`` documents of a .txt / .jsonl / .parquet file or a directory of them, files in sorted
+    order (:func:`read_document_file`; JSONL / parquet rows are text or conversations).
+
+    Ids: ``"<file>:<line>"`` for JSONL / parquet rows, ``"<file>#<block>"`` for blank-line blocks of text files
+    (1-based; ``<file>`` relative to a directory ``path``, the file name otherwise); ``"demo#<block>"`` for ``demo``.
 
     Raises:
         FileNotFoundError: missing path. ValueError: unsupported suffix, bad JSONL line (file and line named),
@@ -56,25 +131,40 @@ def load_documents_with_ids(path: str | Path) -> list[tuple[str, str]]:
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"--data {p}: no such file or directory")
-    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".jsonl")) if p.is_dir() else [p]
-    docs: list[tuple[str, str]] = []
+    files = sorted(f for f in p.rglob("*") if f.suffix in DATA_SUFFIXES) if p.is_dir() else [p]
+    docs: list[tuple[str, Document]] = []
     for f in files:
-        name = str(f.relative_to(p)) if p.is_dir() else f.name
-        if f.suffix == ".txt":
-            docs += [(f"{name}#{k}", d) for k, d in enumerate(split_documents(f.read_text(encoding="utf-8")), 1)]
-        elif f.suffix == ".jsonl":
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    docs.append((f"{name}:{n}", str(json.loads(line)["text"])))
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{f}:{n}: expected a JSON object with a 'text' field ({e})") from e
-        else:
-            raise ValueError(f"--data {f}: unsupported file type {f.suffix!r}; use .txt or .jsonl")
+        if f.suffix not in DATA_SUFFIXES:
+            raise ValueError(f"--data {f}: unsupported file type {f.suffix!r}; use {', '.join(DATA_SUFFIXES)}")
+        docs += read_document_file(f, str(f.relative_to(p)) if p.is_dir() else f.name)
     if not docs:
-        raise ValueError(f"--data {p}: no text found (.txt or .jsonl files with a 'text' field)")
+        raise ValueError(f"--data {p}: no text found (.txt, or .jsonl / .parquet rows with a 'text' field or a "
+                         f"conversation)")
     return docs
+
+
+def tokenize_document(tokenizer, doc: Document, chat_template: str | None = None,
+                      where: str = "document") -> tuple[list[int], list[bool] | None, bool]:
+    """``(token ids, assistant mask or None, whether the packer appends EOS)`` of one document.
+
+    Text is tokenized without special tokens and followed by EOS; a conversation is rendered with its chat
+    template (``hylo_bench.text.chat.render_conversation``; the template ends each turn itself, so no EOS is added).
+    """
+    if isinstance(doc, str):
+        return tokenizer(doc, add_special_tokens=False, verbose=False).input_ids, None, True
+    from hylo_bench.text.chat import render_conversation
+
+    r = render_conversation(tokenizer, doc, chat_template, where)
+    return r.ids, r.assistant_mask, False
+
+
+def document_text(doc: Document) -> str:
+    """The plain text of a document (a conversation's turns joined; what decontamination compares)."""
+    if isinstance(doc, str):
+        return doc
+    from hylo_bench.text.chat import conversation_text
+
+    return conversation_text(doc)
 
 
 def retrieval_examples(tokenizer, seq_len: int, count: int, seed: int) -> list[list[int]]:
@@ -143,13 +233,15 @@ def text_windows(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
     return text_rows(docs, tokenizer, seq_len).input_ids
 
 
-def text_rows(docs: list[str], tokenizer, seq_len: int) -> PackedRows:
-    """:func:`text_windows` with per-document positions (:func:`hylo_bench.upcycle.packing.pack_documents`).
+def text_rows(docs: list[Document], tokenizer, seq_len: int, chat_template: str | None = None) -> PackedRows:
+    """:func:`text_windows` with per-document positions (:func:`hylo_bench.upcycle.packing.pack_documents`);
+    conversations are rendered with their chat template and carry the assistant mask
+    (:func:`tokenize_document`).
 
     Raises:
         ValueError: when the text is shorter than one window.
     """
-    toks = (tokenizer(d, add_special_tokens=False, verbose=False).input_ids for d in docs)
+    toks = (tokenize_document(tokenizer, d, chat_template, f"document {k}") for k, d in enumerate(docs))
     rows = pack_documents(toks, seq_len, eos_id=tokenizer.eos_token_id)
     if len(rows) == 0:
         n = rows.dropped["tokens"] if rows.dropped else 0
@@ -169,8 +261,9 @@ def build_windows(data: str, tokenizer, seq_len: int, num_windows: int, seed: in
 
 
 def build_rows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int,
-               docs: list[str] | None = None) -> PackedRows:
-    """:func:`build_windows` (the same windows) with per-document ``position_ids``."""
+               docs: list[Document] | None = None, chat_template: str | None = None) -> PackedRows:
+    """:func:`build_windows` (the same windows) with per-document ``position_ids`` (and the assistant mask of
+    conversations, rendered with ``chat_template`` or the tokenizer's)."""
     rng = random.Random(seed)
     if data == "demo":
         text = text_rows(docs if docs is not None else split_documents(shipped_text()), tokenizer, seq_len)
@@ -185,7 +278,7 @@ def build_rows(data: str, tokenizer, seq_len: int, num_windows: int, seed: int,
                           torch.cat([ret.position_ids, text.position_ids[idx]]), text.splits, text.dropped,
                           text.num_docs + len(examples))
     else:
-        text = text_rows(docs if docs is not None else load_documents(data), tokenizer, seq_len)
+        text = text_rows(docs if docs is not None else load_documents(data), tokenizer, seq_len, chat_template)
         rows = text.select([i % len(text) for i in range(num_windows)])
     order = list(range(len(rows)))
     rng.shuffle(order)
@@ -197,10 +290,11 @@ class Corpus:
     """A run's ``--data`` once read: plain documents (``docs``, None = read ``data`` lazily as before) or a
     mixture (``hylo_bench.upcycle.mixture``), after ``--decontam`` when given (``decontam_report``)."""
 
-    data: str
-    docs: list[str] | None = None
+    data: Any  # the --data string, or a recipe's inline mixture mapping
+    docs: list[Document] | None = None
     mixture: Any = None
     decontam_report: dict | None = None
+    chat_template: str | None = None  # for conversations (None: the tokenizer's)
 
     def windows(self, tokenizer, seq_len: int, num_windows: int, seed: int) -> torch.Tensor:
         """[num_windows, seq_len] windows deterministic in ``seed`` (a mixture: a fresh sampler with that seed)."""
@@ -211,15 +305,19 @@ class Corpus:
         if self.mixture is not None:
             from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows
 
-            return mixture_rows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows)[0]
-        return build_rows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs)
+            return mixture_rows(MixtureSampler(self.mixture, seed=seed), tokenizer, seq_len, num_windows,
+                                self.chat_template)[0]
+        return build_rows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs,
+                          chat_template=self.chat_template)
 
 
-def load_corpus(data: str, decontam: list[str] | None = None) -> Corpus:
-    """Read ``--data`` (a mixture ``.yaml`` is loaded with its documents) and apply ``--decontam``.
+def load_corpus(data, decontam: list[str] | None = None, chat_template: str | None = None) -> Corpus:
+    """Read ``--data`` (a mixture ``.yaml`` or a recipe's inline mixture mapping is loaded with its documents) and
+    apply ``--decontam``.
 
     Without ``decontam`` plain data is left to :func:`build_windows` (read per call, as before). With it, the
-    documents (of every mixture source; ids ``<source>/<id>``) are filtered by ``decontam.decontaminate_documents``.
+    documents (of every mixture source; ids ``<source>/<id>``) are filtered by ``decontam.decontaminate_documents``
+    (a conversation is compared by its turns' text).
 
     Raises:
         FileNotFoundError / ValueError: unreadable data, mixture or eval sets (messages name the flag).
@@ -228,16 +326,21 @@ def load_corpus(data: str, decontam: list[str] | None = None) -> Corpus:
 
     mixture = load_mixture(data) if is_mixture(data) else None
     if not decontam:
-        return Corpus(data=data, mixture=mixture)
+        return Corpus(data=data, mixture=mixture, chat_template=chat_template)
     from hylo_bench.upcycle.decontam import decontaminate_documents
 
+    def check(docs):
+        kept, report = decontaminate_documents([(i, document_text(d)) for i, d in docs], list(decontam))
+        keep = {doc_id for doc_id, _ in kept}
+        return [(i, d) for i, d in docs if i in keep], report
+
     if mixture is None:
-        kept, report = decontaminate_documents(load_documents_with_ids(data), list(decontam))
-        return Corpus(data=data, docs=[t for _, t in kept], decontam_report=report)
-    kept, report = decontaminate_documents([d for src in mixture.docs for d in src], list(decontam))
+        kept, report = check(load_documents_with_ids(data))
+        return Corpus(data=data, docs=[d for _, d in kept], decontam_report=report, chat_template=chat_template)
+    kept, report = check([d for src in mixture.docs for d in src])
     keep = {doc_id for doc_id, _ in kept}
     for k, src in enumerate(mixture.docs):
         mixture.docs[k] = [d for d in src if d[0] in keep]
         if not mixture.docs[k]:
             raise ValueError(f"--decontam: every document of mixture source {mixture.sources[k].name!r} was dropped")
-    return Corpus(data=data, mixture=mixture, decontam_report=report)
+    return Corpus(data=data, mixture=mixture, decontam_report=report, chat_template=chat_template)

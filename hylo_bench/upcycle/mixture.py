@@ -13,7 +13,18 @@ File format (YAML)::
         hub_config: null          # optional dataset config name
         split: train              # Hub split (default train)
         text_field: text          # column holding the text (default "text"; also for .jsonl/.parquet)
+        format: auto              # rows are text ("text"), conversations ("chat") or either ("auto", default)
+        prompt_field: problem     # optional: read each row as a one-turn conversation from these two columns
+        response_field: generated_solution
         weight: 0.3
+      - name: long-qa
+        hub: nvidia/ChatQA2-Long-SFT-data
+        weight: 1.0
+        enabled: false            # listed but not drawn (as AMD's configs list the datasets they do not enable)
+
+Conversational rows (``messages``, ShareGPT ``conversations``, ``prompt``/``response``; ``hylo_bench.text.chat``)
+are rendered with the base model's chat template (or the recipe's ``chat_template``) when packed. A recipe's
+``data:`` block is a mixture in the same format (paths relative to the recipe file).
 
 Relative paths are resolved against the YAML file's folder. ``range`` follows Zebra-Llama's split
 (training-recipe.md §6.2: shuffle with a seed, ILD on the first 20 %, E2E on the rest): each source's N documents
@@ -40,7 +51,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCE_KEYS = {"name", "path", "hub", "hub_config", "split", "text_field", "weight", "range"}
+_SOURCE_KEYS = {"name", "path", "hub", "hub_config", "split", "text_field", "format", "prompt_field",
+                "response_field", "weight", "range", "enabled"}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,10 +66,24 @@ class MixtureSource:
     hub_config: str | None = None
     split: str = "train"
     text_field: str = "text"
+    format: str = "auto"
+    prompt_field: str | None = None
+    response_field: str | None = None
     range: tuple[float, float] = (0.0, 1.0)
+    enabled: bool = True
 
     def __post_init__(self):
+        from hylo_bench.upcycle.data import FORMATS
+
         where = f"mixture source {self.name!r}"
+        if self.format not in FORMATS:
+            raise ValueError(f"{where}: format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if (self.prompt_field is None) != (self.response_field is None):
+            raise ValueError(f"{where}: give both prompt_field and response_field, or neither")
+        if self.prompt_field is not None:
+            self.format = "chat"
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"{where}: enabled must be true or false, got {self.enabled!r}")
         if (self.path is None) == (self.hub is None):
             raise ValueError(f"{where}: give exactly one of 'path' (local file or folder) or 'hub' (dataset id)")
         if not (isinstance(self.weight, (int, float)) and self.weight > 0):
@@ -74,7 +100,8 @@ class Mixture:
     sources: list[MixtureSource]
     seed: int = 42
     path: str = ""
-    docs: list[list[tuple[str, str]]] = field(default_factory=list)
+    docs: list[list[tuple[str, object]]] = field(default_factory=list)  # (doc_id, text or conversation)
+    disabled: list[MixtureSource] = field(default_factory=list)  # listed with enabled: false, never drawn
 
     @property
     def probabilities(self) -> list[float]:
@@ -85,12 +112,14 @@ class Mixture:
         """Settings and per-source document counts (for the manifest)."""
         return {"path": self.path, "seed": self.seed,
                 "sources": [asdict(s) | {"range": list(s.range), "probability": p, "num_docs": len(d)}
-                            for s, p, d in zip(self.sources, self.probabilities, self.docs)]}
+                            for s, p, d in zip(self.sources, self.probabilities, self.docs)],
+                "disabled_sources": [asdict(s) | {"range": list(s.range)} for s in self.disabled]}
 
 
-def is_mixture(data: str) -> bool:
-    """Whether ``--data`` names a mixture file (``.yaml`` / ``.yml``)."""
-    return str(data).lower().endswith((".yaml", ".yml"))
+def is_mixture(data) -> bool:
+    """Whether ``--data`` names a mixture file (``.yaml`` / ``.yml``) or is an inline mixture (a recipe's
+    ``data:`` mapping)."""
+    return isinstance(data, dict) or str(data).lower().endswith((".yaml", ".yml"))
 
 
 def parse_mixture(raw: dict, source: str = "<memory>") -> Mixture:
@@ -105,7 +134,7 @@ def parse_mixture(raw: dict, source: str = "<memory>") -> Mixture:
     unknown = set(raw) - {"seed", "sources"}
     if unknown:
         raise ValueError(f"{source}: unknown top-level keys {sorted(unknown)}; expected 'seed' and 'sources'")
-    sources = []
+    sources, disabled = [], []
     for k, item in enumerate(raw["sources"]):
         if not isinstance(item, dict) or "name" not in item or "weight" not in item:
             raise ValueError(f"{source}: sources[{k}] needs at least 'name', 'weight' and 'path' or 'hub'")
@@ -119,64 +148,60 @@ def parse_mixture(raw: dict, source: str = "<memory>") -> Mixture:
             if not (isinstance(r, (list, tuple)) and len(r) == 2):
                 raise ValueError(f"{source}: sources[{k}] range must be [start, end], got {r!r}")
             kw["range"] = (float(r[0]), float(r[1]))
-        sources.append(MixtureSource(**kw))
-    names = [s.name for s in sources]
+        src = MixtureSource(**kw)
+        (sources if src.enabled else disabled).append(src)
+    if not sources:
+        raise ValueError(f"{source}: every source is disabled (enabled: false); enable at least one")
+    names = [s.name for s in sources + disabled]
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: source names must be unique, got {names}")
     seed = raw.get("seed", 42)
     if not isinstance(seed, int):
         raise ValueError(f"{source}: seed must be an integer, got {seed!r}")
-    return Mixture(sources=sources, seed=seed, path=source)
+    return Mixture(sources=sources, seed=seed, path=source, disabled=disabled)
 
 
-def _read_parquet(path: Path, text_field: str) -> list[tuple[str, str]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ValueError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow)") from e
-    table = pq.read_table(path)
-    if text_field not in table.column_names:
-        raise ValueError(f"{path}: no column {text_field!r} (columns: {table.column_names}); set text_field")
-    return [(f"{path.name}:{n}", str(t)) for n, t in enumerate(table.column(text_field).to_pylist(), 1)
-            if t is not None]
-
-
-def _read_local(src: MixtureSource, root: Path) -> list[tuple[str, str]]:
-    from hylo_bench.upcycle.data import split_documents
+def _read_local(src: MixtureSource, root: Path) -> list[tuple[str, object]]:
+    from hylo_bench.upcycle.data import DATA_SUFFIXES, read_document_file
 
     p = Path(src.path).expanduser()
     p = p if p.is_absolute() else root / p
     if not p.exists():
         raise FileNotFoundError(f"mixture source {src.name!r}: {p} does not exist")
-    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".jsonl", ".parquet")) if p.is_dir() else [p]
-    docs: list[tuple[str, str]] = []
+    files = sorted(f for f in p.rglob("*") if f.suffix in DATA_SUFFIXES) if p.is_dir() else [p]
+    docs: list[tuple[str, object]] = []
     for f in files:
-        if f.suffix == ".txt":
-            docs += [(f"{f.name}#{k}", d) for k, d in enumerate(split_documents(f.read_text(encoding="utf-8")), 1)]
-        elif f.suffix == ".jsonl":
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        docs.append((f"{f.name}:{n}", str(json.loads(line)[src.text_field])))
-                    except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise ValueError(f"{f}:{n}: expected a JSON object with a {src.text_field!r} field "
-                                         f"({e})") from e
-        elif f.suffix == ".parquet":
-            docs += _read_parquet(f, src.text_field)
-        else:
+        if f.suffix not in DATA_SUFFIXES:
             raise ValueError(f"mixture source {src.name!r}: {f}: unsupported file type {f.suffix!r}; use .jsonl, "
                              f".parquet or .txt")
+        docs += read_document_file(f, f.name, src.text_field, src.format, _columns(src))
     return docs
 
 
-def _read_hub(src: MixtureSource) -> list[tuple[str, str]]:
+def _read_hub(src: MixtureSource) -> list[tuple[str, object]]:
+    """The rows of a Hub dataset through ``datasets`` (its cache first; offline without it this fails, naming the
+    dataset: there is no fallback to other data)."""
+    from hylo_bench.upcycle.data import _row_document
+
     try:
         import datasets
     except ImportError as e:
         raise ValueError(f"mixture source {src.name!r}: hub dataset {src.hub!r} needs the `datasets` package "
                          f"(pip install datasets), or download it and give a local 'path'") from e
-    ds = datasets.load_dataset(src.hub, src.hub_config, split=src.split)
-    return [(f"{src.split}:{n}", str(row[src.text_field])) for n, row in enumerate(ds)]
+    try:
+        ds = datasets.load_dataset(src.hub, src.hub_config, split=src.split)
+    except Exception as e:  # noqa: BLE001 - offline, missing, gated: datasets raises many types
+        raise ValueError(f"mixture source {src.name!r}: hub dataset {src.hub!r} (config {src.hub_config}, split "
+                         f"{src.split!r}) could not be loaded ({type(e).__name__}: {str(e)[:200]}); on a machine "
+                         f"that reaches the Hub run `huggingface-cli download --repo-type dataset {src.hub}` first, "
+                         f"or give the source a local 'path' (no other data is used in its place)") from None
+    where = f"hub dataset {src.hub} ({src.split})"
+    return [(f"{src.split}:{n}", _row_document(row, f"{where} row {n}", src.text_field, src.format, _columns(src)))
+            for n, row in enumerate(ds)]
+
+
+def _columns(src: MixtureSource) -> tuple[str, str] | None:
+    return (src.prompt_field, src.response_field) if src.prompt_field is not None else None
 
 
 def _data_key(src: MixtureSource) -> str:
@@ -185,8 +210,9 @@ def _data_key(src: MixtureSource) -> str:
     return f"path={src.path}" if src.path is not None else f"hub={src.hub}/{src.hub_config}/{src.split}"
 
 
-def load_mixture(path: str | Path) -> Mixture:
-    """Parse ``path`` (YAML) and load every source's documents (after its ``range``).
+def load_mixture(path) -> Mixture:
+    """Parse ``path`` (YAML file, or a recipe's ``{"source": file, "mixture": mapping}``) and load every enabled
+    source's documents (after its ``range``).
 
     Raises:
         FileNotFoundError: missing YAML or local source. ValueError: bad format, missing ``datasets`` for a
@@ -194,18 +220,24 @@ def load_mixture(path: str | Path) -> Mixture:
     """
     import yaml
 
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"--data {p}: no such mixture file")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-        raise ValueError(f"--data {p}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    mix = parse_mixture(raw, str(p))
+    if isinstance(path, dict):  # a recipe's inline mixture: {"source": recipe file, "mixture": {...}}
+        p = Path(path.get("source") or ".")
+        mix = parse_mixture(path.get("mixture"), f"{p}: data")
+        root = p.parent
+    else:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"--data {p}: no such mixture file")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+            raise ValueError(f"--data {p}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+        mix = parse_mixture(raw, str(p))
+        root = p.parent
     for src in mix.sources:
-        docs = _read_hub(src) if src.hub is not None else _read_local(src, p.parent)
+        docs = _read_hub(src) if src.hub is not None else _read_local(src, root)
         order = list(range(len(docs)))
         random.Random(f"{mix.seed}:{_data_key(src)}:split").shuffle(order)
         lo, hi = int(src.range[0] * len(docs)), int(src.range[1] * len(docs))
@@ -297,17 +329,19 @@ def mixture_windows(sampler: MixtureSampler, tokenizer, seq_len: int, num_window
     return rows.input_ids, drawn
 
 
-def mixture_rows(sampler: MixtureSampler, tokenizer, seq_len: int, num_windows: int):
+def mixture_rows(sampler: MixtureSampler, tokenizer, seq_len: int, num_windows: int, chat_template: str | None = None):
     """:func:`mixture_windows` (the same windows) as ``hylo_bench.upcycle.packing.PackedRows`` with per-document
-    ``position_ids``; returns (rows, drawn)."""
+    ``position_ids`` (conversations rendered with ``chat_template`` or the tokenizer's, with their assistant mask);
+    returns (rows, drawn)."""
+    from hylo_bench.upcycle.data import tokenize_document
     from hylo_bench.upcycle.packing import Packer
 
     packer = Packer(seq_len, num_windows, eos_id=tokenizer.eos_token_id)
     n = len(sampler.mixture.sources)
     docs, tokens = [0] * n, [0] * n
     while not packer.full:
-        i, _, text = sampler.next_document()
-        placed = packer.add(tokenizer(text, add_special_tokens=False, verbose=False).input_ids)
+        i, doc_id, doc = sampler.next_document()
+        placed = packer.add(*tokenize_document(tokenizer, doc, chat_template, f"{sampler.mixture.path}: {doc_id}"))
         docs[i] += 1
         tokens[i] += placed
     return packer.finish(), {"docs": docs, "tokens": tokens}

@@ -27,7 +27,8 @@ _TOP: dict[str, tuple[Any, bool]] = {
     "paper_kv_cache_pct": (_NUM, False), "paper_params_rounded": (str, False), "base_architecture": (dict, True),
     "mla_layers": (list, True), "mla": (dict, True), "gdn": (dict, False), "mamba2": (dict, False),
     "rope_scaling": ((dict, type(None)), True), "stages": (list, True), "loss": (dict, False),
-    "optimizer": (dict, False), "precision": (str, False), "seed": (int, False), "data_mixture": (list, False),
+    "optimizer": (dict, False), "precision": (str, False), "seed": (int, False),
+    "data": (dict, False), "chat_template": ((str, type(None)), False),
 }
 _BASE: dict[str, tuple[Any, bool]] = {
     "model_type": (str, True), "vocab_size": (int, True), "hidden_size": (int, True),
@@ -106,7 +107,8 @@ class Recipe:
     optimizer: dict = field(default_factory=dict)
     precision: str = "bf16"
     seed: int = 42
-    data_mixture: list[str] = field(default_factory=list)
+    data: dict | None = None  # the training mixture (hylo_bench.upcycle.mixture format; AMD's dataset_mixer)
+    chat_template: str | None = None  # renders conversational data (None: the backbone tokenizer's)
     source: str = ""  # the file it was read from
 
     def to_dict(self) -> dict:
@@ -279,6 +281,13 @@ def recipe_from_dict(raw: dict, source: str = "<memory>") -> Recipe:
         raise RecipeError(f"{source}: key 'layout' = {raw['layout']!r} disagrees with mla_layers ({len(mla)} of "
                           f"{n_layer} layers) and linear_type {lt!r}; expected "
                           f"'{len(mla)}MLA{n_layer - len(mla)}{'GDN' if lt == 'gdn' else 'M2'}'")
+    if raw.get("data") is not None:
+        from hylo_bench.upcycle.mixture import parse_mixture
+
+        try:
+            parse_mixture(raw["data"], f"{source}: data")
+        except ValueError as e:
+            raise RecipeError(str(e)) from None
     rs = raw["rope_scaling"]
     if rs is not None and not isinstance(rs.get("factor"), _NUM):
         raise RecipeError(f"{source}: key 'rope_scaling.factor' should be a number, got {rs.get('factor')!r}")
@@ -430,6 +439,10 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
             if kd.global_batch_sequences:
                 kw["grad_accum"] = max(1, kd.global_batch_sequences // kd.per_device_batch_sequences)
         kw["mixer_overrides"] = mixer_dims(recipe)
+        if recipe.data is not None:
+            kw["data"] = {"source": recipe.source, "mixture": copy.deepcopy(recipe.data)}
+        if recipe.chat_template is not None:
+            kw["chat_template"] = recipe.chat_template
         if "layout" in given or "mla_layers" in given:  # an explicit layer plan replaces the recipe's
             kw.pop("mla_layers")
             if "layout" in given:

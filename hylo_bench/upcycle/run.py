@@ -28,6 +28,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,7 +62,9 @@ class UpcycleConfig:
     mla_layers: list[int] | None = None
     linear_type: str = "gdn"  # of the layers not in mla_layers (a --layout name carries its own)
     recipe: str | None = None  # the --recipe this config was resolved from (recorded in the manifest)
-    data: str = "demo"
+    # "demo", a path (.txt / .jsonl / .parquet / folder / mixture .yaml), or a recipe's inline mixture
+    # {"source": recipe file, "mixture": {...}} (its ``data:`` block)
+    data: Any = "demo"
     stages: str = DEMO_STAGES
     tokens_per_stage: int = 1_000_000
     batch_size: int = 4
@@ -87,6 +90,11 @@ class UpcycleConfig:
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer of student and teacher (train/compile.py)
     mixer_overrides: dict = field(default_factory=dict)
+    kl_tokens: str = "all"  # KD positions that count: "all", or "assistant" (the next token is an assistant token)
+    chat_template: str | None = None  # renders conversational data (None: the base tokenizer's; a recipe's)
+    allow_demo_data: bool = False  # --data demo with a base other than the demo teacher (refused otherwise)
+    init: str = "svd"  # student mixers: "svd" (from the attention weights, paper §3.1) or "random" (fresh init)
+    init_from: str | None = None  # start from this HyLo checkpoint (e.g. a shared ILD run) instead of the init
     results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
     db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
 
@@ -96,6 +104,45 @@ class UpcycleConfig:
     def doc_boundaries_mode(self) -> str:
         """The packing mode this run uses (``doc_boundaries`` with its data-dependent default resolved)."""
         return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
+
+
+KL_TOKENS = ("all", "assistant")
+INITS = ("svd", "random")
+
+
+def validate_config(cfg: UpcycleConfig) -> None:
+    """Checks that need no model: fail before anything is loaded.
+
+    Raises:
+        ValueError: ``--data demo`` with a real base (unless ``allow_demo_data``), an unknown ``--kl-tokens`` /
+            ``--init`` / ``--doc-boundaries``, ``--init-from`` together with a layout or ``--init``.
+    """
+    if cfg.data == "demo" and cfg.base != "demo" and not cfg.allow_demo_data:
+        raise ValueError(f"--data demo distils --base {cfg.base} on the shipped demo text (one small book and "
+                         f"synthetic retrieval rows), which is not a real run: pass --data PATH (a .jsonl / .parquet "
+                         f"/ .txt file or folder, a mixture .yaml, or `hylo-bench make-data` output) or a --recipe "
+                         f"with data, or add --allow-demo-data to use the demo text anyway")
+    if cfg.kl_tokens not in KL_TOKENS:
+        raise ValueError(f"--kl-tokens {cfg.kl_tokens!r}: expected one of {', '.join(KL_TOKENS)}")
+    if cfg.init not in INITS:
+        raise ValueError(f"--init {cfg.init!r}: expected one of {', '.join(INITS)}")
+    if cfg.doc_boundaries_mode() not in DOC_BOUNDARIES:
+        raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
+    if cfg.init_from is not None:
+        if cfg.layout is not None or cfg.mla_layers is not None:
+            raise ValueError(f"--init-from {cfg.init_from}: the layout comes from that checkpoint; drop --layout / "
+                             f"--mla-layers")
+        if cfg.init != "svd":
+            raise ValueError(f"--init-from {cfg.init_from}: starts from trained weights; drop --init {cfg.init}")
+
+
+def embeddings_note(base_config) -> dict:
+    """What upcycling did to the embeddings (for the manifest and ``info``): the released hybrid layout has its
+    own ``lm_head``; a tied base's head starts as a copy of its embedding and trains on its own."""
+    tied = bool(getattr(base_config, "tie_word_embeddings", False))
+    return {"base_tied": tied, "lm_head": "untied",
+            "note": "lm_head initialised as a copy of the base's tied embedding, then trained untied" if tied
+            else "lm_head copied from the base's lm_head"}
 
 
 def _now() -> str:
@@ -165,7 +212,8 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, c
     return result
 
 
-def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_len: int, n_windows: int):
+def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_len: int, n_windows: int,
+                           chat_template: str | None = None):
     """Stage ``i``'s windows (``PackedRows``) from the run's mixture stream, continuing where stage ``i - 1`` stopped.
 
     The sampler state at the stage's start is kept in its manifest entry (``sampler_state``), so a resumed stage
@@ -179,7 +227,7 @@ def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_
     if start is not None:
         sampler.load_state_dict(start)
     entries[i]["sampler_state"] = sampler.state_dict()
-    rows, drawn = mixture_rows(sampler, tokenizer, seq_len, n_windows)
+    rows, drawn = mixture_rows(sampler, tokenizer, seq_len, n_windows, chat_template)
     entries[i]["sampler_state_end"] = sampler.state_dict()
     entries[i]["mixture_draws"] = {s.name: {"docs": d, "tokens": t}
                                    for s, d, t in zip(mixture.sources, drawn["docs"], drawn["tokens"])}
@@ -293,13 +341,12 @@ def run(cfg: UpcycleConfig) -> dict:
 def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     from hylo_bench.models.loading import default_device
     from hylo_bench.upcycle.data import load_corpus
-    from hylo_bench.upcycle.train.losses import eval_kl
+    from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
-    if cfg.doc_boundaries_mode() not in DOC_BOUNDARIES:
-        raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
+    validate_config(cfg)
     device = ctx.device if ctx is not None else cfg.device or default_device()
     main = ctx is None or ctx.is_main
     logger.info("%s", ctx.describe() if ctx is not None else f"single process on {device} (no torchrun)")
@@ -310,21 +357,29 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
-    corpus = load_corpus(cfg.data, cfg.decontam)
+    corpus = load_corpus(cfg.data, cfg.decontam, cfg.chat_template)
     decontam_report = corpus.decontam_report
     held_len = min(stages[0].seq_len_tokens, 1024)
-    if auto_layout(cfg.layout) is not None:
-        selection = _auto_select(cfg, base, tokenizer, held_len, out, corpus)
-        mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
+    selection, init_from = None, None
+    if cfg.init_from is not None:
+        from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
+        from hylo_bench.models.loading import weights_hash
+
+        init_dir = resolve_checkpoint_dir(cfg.init_from)
+        student = load_hylo(init_dir, dtype=torch.float32, device=device)
+        hcfg = student.config
+        init_from = {"path": str(init_dir), "weights_hash": weights_hash(init_dir)}
     else:
-        selection = None
-        mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
-    hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
-    if cfg.data == "demo" and cfg.base != "demo":
-        logger.warning("--data demo: distilling on the shipped demo text + retrieval samples; pass --data for a real "
-                       "run")
-    torch.manual_seed(cfg.seed)  # the GDN-specific parameters keep a (seeded) random init
-    student = init_student(base, hcfg)
+        if auto_layout(cfg.layout) is not None:
+            selection = _auto_select(cfg, base, tokenizer, held_len, out, corpus)
+            mla_layers, linear_type = selection["mla_layers"], selection["linear_type"]
+        else:
+            mla_layers, linear_type = resolve_layout(cfg, base.config.num_hidden_layers)
+        hcfg = hybrid_config_for(base.config, mla_layers, linear_type, **cfg.mixer_overrides)
+        if cfg.data == "demo" and cfg.base != "demo":
+            logger.warning("--data demo: distilling on the shipped demo text + retrieval samples (--allow-demo-data)")
+        torch.manual_seed(cfg.seed)  # the GDN-specific parameters keep a (seeded) random init
+        student = init_student(base, hcfg, mixers="random" if cfg.init == "random" else "attention")
     if cfg.gradient_checkpointing:
         student.model.gradient_checkpointing = True
     if ctx is not None:  # FSDP2: student in bf16 compute over fp32 master weights on GPU; fp32 on CPU (gloo)
@@ -341,7 +396,9 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
                 "doc_boundaries": cfg.doc_boundaries_mode(),
-                "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None}}
+                "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None},
+                "kl_tokens": cfg.kl_tokens, "init": cfg.init, "init_from": init_from,
+                "chat_template": "base tokenizer's" if cfg.chat_template is None else cfg.chat_template}
     if cfg.decontam:
         settings["decontam"] = list(cfg.decontam)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
@@ -363,7 +420,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
         manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
                     "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir),
                     "device": device,
-                    "hybrid_config": hcfg.to_hybrid_dict(),
+                    "hybrid_config": hcfg.to_hybrid_dict(), "embeddings": embeddings_note(base.config),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     if selection is not None:
         manifest["layer_selection"] = selection
@@ -377,9 +434,12 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     held_out = corpus.windows(tokenizer, held_len, cfg.eval_windows, seed=cfg.seed + 7919) if cfg.eval_windows \
         else None
     if "kl_init" not in manifest:
-        manifest["kl_init"] = eval_kl(student, teacher, held_out) if held_out is not None else None
+        manifest["heldout_init"] = eval_heldout(student, teacher, held_out) if held_out is not None else None
+        manifest["kl_init"] = manifest["heldout_init"]["kl"] if held_out is not None else None
         if held_out is not None:
-            logger.info("held-out KL of the initialised student: %.4f nats/token", manifest["kl_init"])
+            h = manifest["heldout_init"]
+            logger.info("held-out of the initialised student: KL %.4f nats/token, perplexity %.2f (teacher %.2f)",
+                        h["kl"], h["student_ppl"], h["teacher_ppl"])
     _write_json(manifest_path, manifest, ctx)
 
     train_log = TrainLog(out, tensorboard=cfg.tensorboard)
@@ -408,7 +468,7 @@ def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) ->
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
                 device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
-    from hylo_bench.upcycle.train.losses import eval_kl
+    from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import train_flops_per_token
     from hylo_bench.upcycle.train.trainer import StageOptions, train_stage
 
@@ -426,12 +486,15 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
         if corpus.mixture is not None:
             rows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
-                                          n_windows)
+                                          n_windows, cfg.chat_template)
         else:
             rows = corpus.rows(tokenizer, stage.seq_len_tokens, n_windows, seed=cfg.seed + i)
         keep_bounds = uses_doc_boundaries(cfg.doc_boundaries_mode(), stage.kind)
         windows, position_ids = rows.input_ids, (rows.position_ids if keep_bounds else None)
+        kl_mask = rows.kl_mask(cfg.kl_tokens) if stage.kind == "kd" else None
         entry["packing"] = rows.summary() | {"doc_boundaries": keep_bounds}
+        if kl_mask is not None:
+            entry["packing"]["kl_positions"] = int(kl_mask.sum())
         opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
@@ -447,9 +510,10 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
                           _resume_path(out, ctx), on_log=on_log if ctx is None or ctx.is_main else None,
-                          train_log=train_log, dist_ctx=ctx, position_ids=position_ids)
+                          train_log=train_log, dist_ctx=ctx, position_ids=position_ids, kl_mask=kl_mask)
         on_log(res)
-        entry["kl_after"] = eval_kl(student, teacher, held_out) if held_out is not None else None
+        entry["heldout_after"] = eval_heldout(student, teacher, held_out) if held_out is not None else None
+        entry["kl_after"] = entry["heldout_after"]["kl"] if held_out is not None else None
         if cfg.save_stage_checkpoints:
             _save_student(student, tokenizer, stage_dir, ctx)
             entry["checkpoint"] = str(stage_dir)

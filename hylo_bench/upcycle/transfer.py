@@ -33,12 +33,15 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
+def init_student(base_model: nn.Module, config: HyLoConfig, mixers: str = "attention") -> HyLoForCausalLM:
     """Build the hybrid student from an HF Llama / Qwen3 causal LM (paper §3.1; checkpoint-format.md §7).
 
     Args:
         base_model: the student base model (``LlamaForCausalLM`` / ``Qwen3ForCausalLM``), any dtype/device.
         config: from :func:`hybrid_config_for`.
+        mixers: ``"attention"`` initialises MLA / GDN / Mamba-2 from the attention weights; ``"random"`` keeps
+            their fresh random init (embeddings, MLPs, norms and head are copied either way), the baseline that
+            shows what the attention-derived init is worth.
 
     Returns:
         ``HyLoForCausalLM`` in fp32 on the base model's device.
@@ -54,7 +57,10 @@ def init_student(base_model: nn.Module, config: HyLoConfig) -> HyLoForCausalLM:
         _copy(sl.input_layernorm.weight, bl.input_layernorm.weight)
         _copy(sl.post_attention_layernorm.weight, bl.post_attention_layernorm.weight)
         sl.mlp.load_state_dict({k: v.float() for k, v in bl.mlp.state_dict().items()})
-        init_mixer_from_attention(sl, bl.self_attn, config, d, layer_idx=i)
+        if mixers == "attention":
+            init_mixer_from_attention(sl, bl.self_attn, config, d, layer_idx=i)
+        elif mixers != "random":
+            raise ValueError(f"mixers {mixers!r}: expected 'attention' or 'random'")
     return student
 
 

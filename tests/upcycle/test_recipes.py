@@ -324,11 +324,12 @@ def test_recipe_file_round_trip_through_upcycle_and_info(tiny_base_dir, tmp_path
     raw["stages"] = [{"kind": "ild", "seq_len_tokens": 128, "lr": 2e-4, "token_budget": 1024},
                      {"kind": "kd", "seq_len_tokens": 256, "lr": 1e-3, "token_budget": 2048,
                       "global_batch_sequences": 4, "per_device_batch_sequences": 2}]
+    raw.pop("data")  # the released mixture is on the Hub
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["upcycle", "--recipe", str(path), "--out", str(out), "--device", "cpu",
-                                   "--eval-windows", "0", "--no-stage-checkpoints"])
+                                   "--eval-windows", "0", "--no-stage-checkpoints", "--allow-demo-data"])
     assert res.exit_code == 0, res.output
     saved = json.loads((out / "hybrid_config.json").read_text())
     offline = R.recipe_hybrid_config(R.load_recipe(str(path))).to_hybrid_dict()

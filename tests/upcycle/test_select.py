@@ -130,7 +130,7 @@ def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
     base = _peaked_base(important=3, vocab_size=len(tiny_tokenizer))
     base.save_pretrained(base_dir)
     tiny_tokenizer.save_pretrained(base_dir)
-    cfg = UpcycleConfig(out=str(tmp_path / "out"), base=str(base_dir), data="demo", stages="64:ild@256",
+    cfg = UpcycleConfig(out=str(tmp_path / "out"), base=str(base_dir), data="demo", allow_demo_data=True, stages="64:ild@256",
                         layout="auto:1MLA3GDN", batch_size=2, eval_windows=0, select_windows=2, device="cpu")
     manifest = run(cfg)
     sel = json.loads((tmp_path / "out" / "layer_selection.json").read_text())
@@ -140,7 +140,7 @@ def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
     assert manifest["settings"]["layout"] == [3]
     with pytest.raises(ValueError, match="drop --mla-layers"):
         run(UpcycleConfig(out=str(tmp_path / "o2"), base=str(base_dir), layout="auto:1MLA3GDN", mla_layers=[0],
-                          device="cpu"))
+                          device="cpu", allow_demo_data=True))
 
 
 def test_cli_auto_layout_with_bad_counts_names_the_flag(tiny_base_dir, tmp_path):
@@ -149,5 +149,5 @@ def test_cli_auto_layout_with_bad_counts_names_the_flag(tiny_base_dir, tmp_path)
     from hylo_bench.cli import app
 
     res = CliRunner().invoke(app, ["upcycle", "--base", str(tiny_base_dir), "--out", str(tmp_path / "o"),
-                                   "--layout", "auto:3MLA3GDN", "--device", "cpu"])
+                                   "--layout", "auto:3MLA3GDN", "--device", "cpu", "--allow-demo-data"])
     assert res.exit_code == 2 and "--layout '3MLA3GDN' has 3+3=6 layers; the base model has 4" in res.output

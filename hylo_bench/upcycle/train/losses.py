@@ -120,9 +120,12 @@ def ild_loss(student, teacher: nn.Module, input_ids: torch.Tensor, squared: bool
 
 
 def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0,
-            chunk_size: int = 4096, position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+            chunk_size: int = 4096, position_ids: torch.Tensor | None = None,
+            kl_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Per-token forward KL(p_teacher || p_student) from final hidden states and both lm_heads, chunked so no
     [B*T, V] logits tensor exists (paper App. A.4 "fused KL hidden").
+
+    ``kl_mask`` [B, T] bool: only these positions count (mean over them; ``--kl-tokens assistant``); None: all.
 
     ``position_ids`` [B, T] restarting per document: packed documents, no attention across them (module
     docstring). FSDP2-sharded models get their root units (embeddings, final norm, ``lm_head``) gathered for the
@@ -133,12 +136,50 @@ def kd_loss(student, teacher: nn.Module, input_ids: torch.Tensor, temperature: f
     with torch.no_grad():
         t_hidden = teacher.model(input_ids=input_ids, use_cache=False, **t_kw).last_hidden_state
     s_hidden = student.model(input_ids=input_ids, **s_kw).last_hidden_state
+    labels = None if kl_mask is None else torch.where(kl_mask.to(input_ids.device), 0, -100).flatten()
     loss = chunked_kl_div(s_hidden.flatten(0, 1), student.lm_head.weight, t_hidden.flatten(0, 1),
-                          teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size)
+                          teacher.lm_head.weight, temperature=temperature, chunk_size=chunk_size, labels=labels)
     reshard_root(teacher)
     if not torch.is_grad_enabled():
         reshard_root(student)
     return loss, {"kl": loss.item()}
+
+
+def _next_token_nll(hidden_NH: torch.Tensor, head_VH: torch.Tensor, targets_N: torch.Tensor,
+                    chunk_size: int = 2048) -> torch.Tensor:
+    """Summed next-token negative log-likelihood (nats) of ``targets_N`` from hidden states [N, H] and a head
+    [V, H], ``chunk_size`` rows of fp32 logits at a time."""
+    total = torch.zeros((), dtype=torch.float64, device=hidden_NH.device)
+    for i in range(0, hidden_NH.shape[0], chunk_size):
+        logits = hidden_NH[i:i + chunk_size].float() @ head_VH.float().t()
+        total += torch.nn.functional.cross_entropy(logits, targets_N[i:i + chunk_size], reduction="sum").double()
+    return total
+
+
+@torch.no_grad()
+def eval_heldout(student, teacher: nn.Module, windows: torch.Tensor, batch_size: int = 4) -> dict:
+    """Held-out numbers on windows [N, T]: ``kl`` (mean forward KL of student to teacher, nats/token, every
+    position), ``student_ppl`` and ``teacher_ppl`` (exp of the mean next-token NLL over the N (T - 1) predicted
+    tokens of each window)."""
+    kl, n_kl, nll_s, nll_t, n_tok = 0.0, 0, 0.0, 0.0, 0
+    dev = next(student.parameters()).device
+    for i in range(0, len(windows), batch_size):
+        x = windows[i:i + batch_size].to(dev)
+        unshard_root(student, teacher)
+        hs = student.model(input_ids=x).last_hidden_state
+        ht = teacher.model(input_ids=x, use_cache=False).last_hidden_state
+        kl += chunked_kl_div(hs.flatten(0, 1), student.lm_head.weight, ht.flatten(0, 1),
+                             teacher.lm_head.weight).item() * x.numel()
+        n_kl += x.numel()
+        tgt = x[:, 1:].flatten()
+        nll_s += _next_token_nll(hs[:, :-1].flatten(0, 1), student.lm_head.weight, tgt).item()
+        nll_t += _next_token_nll(ht[:, :-1].flatten(0, 1), teacher.lm_head.weight, tgt).item()
+        reshard_root(student, teacher)
+        n_tok += tgt.numel()
+    n_tok = max(n_tok, 1)
+    return {"kl": kl / max(n_kl, 1), "student_ppl": float(torch.tensor(nll_s / n_tok).exp()),
+            "teacher_ppl": float(torch.tensor(nll_t / n_tok).exp()), "windows": int(len(windows)),
+            "seq_len_tokens": int(windows.shape[1])}
 
 
 @torch.no_grad()

@@ -111,7 +111,8 @@ def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: Sta
 
 def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: StageOptions, resume_path: Path,
                 on_log: Callable[[StageResult], None] | None = None, train_log: TrainLog | None = None,
-                position_ids: torch.Tensor | None = None, dist_ctx: DistContext | None = None) -> StageResult:
+                position_ids: torch.Tensor | None = None, dist_ctx: DistContext | None = None,
+                kl_mask: torch.Tensor | None = None) -> StageResult:
     """Train ``student`` for one stage on ``windows`` [N, seq_len] (N = steps * batch * accum).
 
     Args:
@@ -126,6 +127,8 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
             kept across resumes), ``time_utc``, and the loss terms (``ild_hidden``, ``ild_mixer``).
         position_ids: [N, seq_len] per-document positions of ``windows`` (``hylo_bench.upcycle.packing``): packed
             documents, no attention or recurrent state across them. None: plain causal windows.
+        kl_mask: [N, seq_len] bool, the positions whose KL counts in a KD stage (``PackedRows.kl_mask``:
+            ``--kl-tokens assistant``); None: every position.
         dist_ctx: set under torchrun: ``student`` and ``teacher`` are FSDP2-sharded
             (:func:`hylo_bench.upcycle.train.distributed.shard_model`), every rank holds the same ``windows`` and
             takes an equal slice of each step's ``batch_size * grad_accum`` windows; ``resume_path`` is a DCP
@@ -187,12 +190,13 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                 i0 = step * per_step + rank * (per_step // world) + micro * micro_bs
                 x = windows[i0:i0 + micro_bs].to(device)
                 pos = None if position_ids is None else position_ids[i0:i0 + micro_bs].to(device)
+                km = None if kl_mask is None else kl_mask[i0:i0 + micro_bs].to(device)
                 with torch.autocast(device.type, dtype=opts.autocast_dtype, enabled=opts.autocast_dtype is not None):
                     if stage.kind == "ild":
                         loss, logs = ild_loss(student, teacher, x, position_ids=pos)
                     else:
                         loss, logs = kd_loss(student, teacher, x, opts.temperature, opts.kl_chunk_size,
-                                             position_ids=pos)
+                                             position_ids=pos, kl_mask=km)
                 (loss / accum).backward()
                 loss_sum += loss.item() / accum
             grad_norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm))

@@ -1,0 +1,1 @@
+"""Text handling shared by the wings: chat rendering (``chat``)."""
