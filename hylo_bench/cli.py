@@ -172,6 +172,76 @@ def fetch(
     typer.echo(res["converted"] or res["gguf"])
 
 
+@app.command("make-data")
+def make_data(
+    out: Path = typer.Option(..., "--out", help="Output folder (instructions.jsonl, long-<L>.jsonl, mixture.yaml)."),
+    teacher: str = typer.Option("smollm2-135m-instruct", "--teacher", help="Chat model that writes the answers of "
+                                "the instruction rows: .gguf file, fetched name, folder or hub id."),
+    text: Optional[list[Path]] = typer.Option(None, "--text", help="Text files / folders for the passages "
+                                              "(repeatable; default: the shipped book)."),
+    lengths: str = typer.Option("1k,4k,8k", "--lengths", help="Stage lengths of the long-document rows."),
+    long_rows: int = typer.Option(64, "--long-rows", help="Long-document rows per length."),
+    instruction_rows: int = typer.Option(256, "--instruction-rows", help="Instruction rows (teacher answers)."),
+    max_answer_tokens: int = typer.Option(128, "--max-answer-tokens", help="Longest teacher answer (tokens)."),
+    seed: int = typer.Option(1, "--seed", help="Seed of every draw (string-keyed, disjoint from RULER's)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Teacher generation batch."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
+    ruler_lengths: Optional[str] = typer.Option(None, "--ruler-lengths", help="RULER lengths to decontaminate "
+                                                "against (default: --lengths)."),
+    ruler_samples: int = typer.Option(50, "--ruler-samples", help="RULER samples per task and length checked."),
+    ruler_results_dir: Optional[Path] = typer.Option(None, "--ruler-results-dir", help="Where the RULER sample "
+                                                     "cache goes (give your ruler --results-dir to reuse it)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into an --out folder holding other files."),
+) -> None:
+    """Write a chat-format training mixture from local text and a teacher: instruction rows answered by the
+    teacher and long-document rows (multi-needle, multi-hop, QA over the text) at each stage length, with a
+    decontamination report against RULER's prompts."""
+    from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
+    from hylo_bench.upcycle.stages import parse_length
+
+    try:
+        cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
+                             lengths=[parse_length(x) for x in lengths.split(",") if x.strip()], long_rows=long_rows,
+                             instruction_rows=instruction_rows, max_answer_tokens=max_answer_tokens, seed=seed,
+                             batch_size=batch_size, device=device,
+                             ruler_lengths=[parse_length(x) for x in ruler_lengths.split(",") if x.strip()]
+                             if ruler_lengths else None, ruler_samples=ruler_samples,
+                             ruler_results_dir=str(ruler_results_dir) if ruler_results_dir else None,
+                             overwrite=overwrite)
+        with _progress_bars() as bar:
+            manifest = run_make_data(cfg, progress=bar)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    d = manifest["decontamination"]
+    console.print(f"[green]wrote {out}[/]: {manifest['rows']}; RULER decontamination: {d['ruler_samples_checked']} "
+                  f"samples, {d['num_gold_overlaps']} gold overlaps; train with --data {manifest['mixture']}")
+
+
+class _progress_bars:
+    """``progress(description, total) -> advance(n)`` on one rich Progress (items/s and ETA)."""
+
+    def __enter__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
+            TimeRemainingColumn
+        from rich.text import Text
+
+        class Rate(ProgressColumn):
+            def render(self, task):
+                return Text(f"{task.speed:.1f}/s" if task.speed else "")
+
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
+                          TimeRemainingColumn(), console=console)
+        self.p.__enter__()
+        return self
+
+    def __call__(self, description: str, total: int):
+        task = self.p.add_task(description, total=total)
+        return lambda n=1: self.p.advance(task, n)
+
+    def __exit__(self, *exc):
+        return self.p.__exit__(*exc)
+
+
 @app.command()
 def info(
     target: str = typer.Argument(..., help="Recipe name (e.g. HyLo-Qwen-7MLA21GDN-8K-SFT) or checkpoint directory."),

@@ -21,6 +21,10 @@ File format (YAML)::
         hub: nvidia/ChatQA2-Long-SFT-data
         weight: 1.0
         enabled: false            # listed but not drawn (as AMD's configs list the datasets they do not enable)
+      - name: long-8k
+        path: long-8k.jsonl
+        weight: 1.0
+        seq_lens: [8192]          # drawn only in stages of these lengths (default: every stage)
 
 Conversational rows (``messages``, ShareGPT ``conversations``, ``prompt``/``response``; ``hylo_bench.text.chat``)
 are rendered with the base model's chat template (or the recipe's ``chat_template``) when packed. A recipe's
@@ -32,7 +36,8 @@ are shuffled with a ``Random`` keyed on the seed and the data (``path`` as writt
 and ``[floor(start N), floor(end N))`` is kept; two sources on the same data with ranges [0, 0.2] and [0.2, 1]
 are therefore disjoint and cover it.
 
-Sampling (:class:`MixtureSampler`): draw t picks a source with probability ``weight / sum(weights)`` using
+Sampling (:class:`MixtureSampler`): draw t picks a source with probability ``weight / sum(weights)`` (over the
+sources drawn at the stage's length, ``seq_lens``) using
 ``u_t = blake2b-64(f"{seed}:draw:{t}") / 2**64`` (counter-based: a function of the draw index alone), then
 takes that source's next document in a per-epoch permutation (``Random(f"{seed}:{i}:{epoch}")``); a source that runs out
 starts its next epoch. Weights are document shares; token shares also depend on document lengths (the run
@@ -52,7 +57,7 @@ from pathlib import Path
 import torch
 
 _SOURCE_KEYS = {"name", "path", "hub", "hub_config", "split", "text_field", "format", "prompt_field",
-                "response_field", "weight", "range", "enabled"}
+                "response_field", "weight", "range", "enabled", "seq_lens"}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +76,7 @@ class MixtureSource:
     response_field: str | None = None
     range: tuple[float, float] = (0.0, 1.0)
     enabled: bool = True
+    seq_lens: list[int] | None = None  # stage lengths (tokens) that draw this source; None = every stage
 
     def __post_init__(self):
         from hylo_bench.upcycle.data import FORMATS
@@ -82,6 +88,9 @@ class MixtureSource:
             raise ValueError(f"{where}: give both prompt_field and response_field, or neither")
         if self.prompt_field is not None:
             self.format = "chat"
+        if self.seq_lens is not None and not (isinstance(self.seq_lens, list) and self.seq_lens and all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in self.seq_lens)):
+            raise ValueError(f"{where}: seq_lens must be a non-empty list of token counts, got {self.seq_lens!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"{where}: enabled must be true or false, got {self.enabled!r}")
         if (self.path is None) == (self.hub is None):
@@ -261,14 +270,18 @@ class MixtureSampler:
         mixture: with documents loaded. seed: the stream's seed (default: the mixture's).
     """
 
-    def __init__(self, mixture: Mixture, seed: int | None = None):
+    def __init__(self, mixture: Mixture, seed: int | None = None, seq_len: int | None = None):
         self.mixture = mixture
         self.seed = mixture.seed if seed is None else seed
         self._cum = []
         acc = 0.0
-        for p in mixture.probabilities:
-            acc += p
+        for p, src in zip(mixture.probabilities, mixture.sources):
+            if seq_len is None or src.seq_lens is None or seq_len in src.seq_lens:
+                acc += p
             self._cum.append(acc)
+        if acc == 0.0:
+            raise ValueError(f"{mixture.path}: no source is drawn at {seq_len} tokens (every source's seq_lens "
+                             f"leaves it out); add a source without seq_lens")
         n = len(mixture.sources)
         self.draws = 0
         self.epoch, self.pos, self.counts = [0] * n, [0] * n, [0] * n
@@ -286,6 +299,8 @@ class MixtureSampler:
         """``(source index, doc_id, text)`` of the next draw."""
         u = _unit_hash(f"{self.seed}:draw:{self.draws}")
         i = min(bisect.bisect_right(self._cum, u * self._cum[-1]), len(self._cum) - 1)
+        while i > 0 and self._cum[i] == self._cum[i - 1]:  # a source not drawn at this length has zero width
+            i -= 1
         order = self._order(i)
         j = order[self.pos[i]]
         self.pos[i] += 1

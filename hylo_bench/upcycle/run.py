@@ -222,7 +222,7 @@ def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_
     """
     from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows
 
-    sampler = MixtureSampler(mixture)
+    sampler = MixtureSampler(mixture, seq_len=seq_len)
     start = entries[i].get("sampler_state") or (entries[i - 1].get("sampler_state_end") if i else None)
     if start is not None:
         sampler.load_state_dict(start)
