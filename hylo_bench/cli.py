@@ -91,6 +91,9 @@ def upcycle(
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
+    batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens", help="Tokens per micro-batch instead of "
+                                               "--batch-size: each stage takes BATCH_TOKENS // its length sequences "
+                                               "(e.g. 32k: 32 x 1K or 4 x 8K)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step "
                                              "(default 1)."),
     ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4, 4e-3 for the demo."),
@@ -136,6 +139,7 @@ def upcycle(
         cfg = resolve_upcycle_cli(recipe, _set_pairs(set_), str(out), dict(
             base=base, teacher=teacher, layout=layout, mla_layers=_int_list(mla_layers), data=data, stages=stages,
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
+            batch_tokens=batch_tokens,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,

@@ -193,3 +193,51 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
     fig.update_layout(template=_TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"},
                       legend={"orientation": "h", "y": -0.15})  # fmt: skip
     return fig
+
+
+LENGTH_FINDING_PAPER_MODEL = "HyLo-Llama-4MLA12GDN"
+"""The paper's model whose 8K- and 64K-trained rows show the length finding (Table 2; the blog's 55.1 -> 0.8)."""
+
+
+def length_finding_figure(rows: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
+    """RULER mean vs length for each model role of a length-generalisation run (``benchmarks/mini_reproduction``:
+    teacher, short-trained, staged-trained) with 95 % intervals as error bars, and, dashed, the paper's
+    HyLo-Llama-4MLA12GDN rows trained at 8K and at 64K.
+
+    Args:
+        rows: benchmark records with ``model_role``, ``task`` (``mean`` rows are drawn), ``seq_len``, ``score``,
+            ``ci_low``, ``ci_high`` (0-100) and optionally ``trained_len``.
+        paper: ``paper.paper_frame`` output.
+    """
+    fig = go.Figure()
+    means = rows[rows["task"] == "mean"].sort_values("seq_len")
+    lengths = set(int(x) for x in means["seq_len"])
+    names = {"teacher": "teacher", "short": "S: trained at the shortest length only",
+             "staged": "L: trained with staged lengths"}
+    for role, part in means.groupby("model_role", sort=False):
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"].astype(int).tolist(), y=part["score"].tolist(), mode="lines+markers",
+            name=names.get(role, str(role)),
+            error_y={"type": "data", "symmetric": False, "array": (part["ci_high"] - part["score"]).tolist(),
+                     "arrayminus": (part["score"] - part["ci_low"]).tolist()},
+            meta={"source": "store", "model_role": role},
+            hovertemplate="%{x} tokens: %{y:.1f}<extra>" + str(role) + "</extra>",
+        ))  # fmt: skip
+    for ctx, dash in (("8K", "dash"), ("64K", "dot")):
+        hit = paper[(paper["model"] == LENGTH_FINDING_PAPER_MODEL) & (paper["train_ctx"] == ctx)]
+        if hit.empty:
+            continue
+        row = hit.iloc[0]
+        cols = [c for c in RULER_COLUMNS if not pd.isna(row.get(c))]
+        fig.add_trace(go.Scatter(
+            x=[RULER_COLUMNS[c] for c in cols], y=[float(row[c]) for c in cols], mode="lines+markers",
+            line={"dash": dash, "color": "#7f7f7f"}, marker={"symbol": "diamond-open"},
+            name=f"paper: {LENGTH_FINDING_PAPER_MODEL} trained at {ctx}",
+            meta={"source": "paper", "train_ctx": ctx}, hovertemplate="%{x} tokens: %{y:.1f} (paper)",
+        ))  # fmt: skip
+        lengths |= {RULER_COLUMNS[c] for c in cols}
+    fig.update_layout(template=_TEMPLATE, height=520, legend={"orientation": "h", "y": -0.2},
+                      title={"text": "Length generalisation: RULER mean vs context length (95 % intervals)"},
+                      xaxis=_length_axis(sorted(lengths)), yaxis={"title": {"text": "RULER mean (0-100)"},
+                                                                  "range": [0, 100]})
+    return fig

@@ -155,7 +155,8 @@ def build(data: StoreData, title: str) -> Report:
     caveats = [c for c in tables_json.get("_caveats", []) if c.startswith("table")]
     parts = [_figure1_section(data, paper, caveats, figs, tables), _ruler_section(data, matches, figs, tables),
              _commonsense_section(data, matches, tables), _serving_section(data, figs, tables),
-             _training_section(data, figs), _benchmarks_section(data, tables)]  # fmt: skip
+             _length_finding_section(data, paper, figs, tables), _training_section(data, figs),
+             _benchmarks_section(data, tables)]  # fmt: skip
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     matched = ", ".join(f"{m} = {F.paper_label(r)}" for m, r in matches.items()) or "none"
     meta = (f"{len(names)} checkpoint(s); paper rows matched by name: {html.escape(matched)}; generated {now} by "
@@ -241,6 +242,28 @@ def _serving_section(data: StoreData, figs: dict, tables: dict) -> str:
     num_oom = int((data.points["status"] == "oom").sum())
     return out + f'<p class="meta">{num_oom} OOM point(s), drawn as red crosses.</p>\n' + \
         _figure_html("serving", figs["serving"])
+
+
+LENGTH_FINDING_FIELDS = ("model_role", "task", "seq_len", "score", "ci_low", "ci_high")
+
+
+def _length_finding_section(data: StoreData, paper: pd.DataFrame, figs: dict, tables: dict) -> str:
+    """RULER vs length of the length-generalisation benchmark (teacher / S / L roles with intervals) next to the
+    paper's 8K- and 64K-trained rows; absent when no such benchmark is stored."""
+    b = data.benchmarks
+    if b.empty or not set(LENGTH_FINDING_FIELDS) <= set(b.columns):
+        return ""
+    rows = b.dropna(subset=list(LENGTH_FINDING_FIELDS))
+    if rows.empty:
+        return ""
+    latest = rows[rows["run_id"] == rows["run_id"].max()]
+    figs["length-finding"] = F.length_finding_figure(latest, paper)
+    means = latest[latest["task"] == "mean"].pivot_table(index="model_role", columns="seq_len", values="score")
+    tables["length_finding"] = means.reset_index()
+    prov = ", ".join(f"{k} {latest.iloc[0][k]}" for k in ("benchmark", "device", "git_sha") if k in latest)
+    return ("<h2>Length generalisation (the paper's length finding)</h2>\n<p class=\"meta\">"
+            + html.escape(prov) + "; error bars: 95 % Wilson intervals over all samples of the 11-task mean.</p>\n"
+            + _figure_html("length-finding", figs["length-finding"]))
 
 
 def _training_section(data: StoreData, figs: dict) -> str:

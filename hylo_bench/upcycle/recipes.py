@@ -428,13 +428,15 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
     mixer = {k: given.pop(k) for k in ("kv_lora_rank", "q_lora_rank") if k in given}
     kw: dict[str, Any] = {}
     if recipe is not None:
-        kd = recipe.stage("kd")
+        kd = recipe.stage("kd") if any(s.kind == "kd" for s in recipe.stages) else None  # an ILD-only recipe
         kw.update(base=recipe.backbone, teacher=recipe.teacher, mla_layers=list(recipe.mla_layers),
-                  linear_type=recipe.linear_type, stages=stages_spec(recipe), kd_lr=float(kd.lr),
+                  linear_type=recipe.linear_type, stages=stages_spec(recipe),
                   temperature=float(recipe.loss.get("temperature", 1.0)), seed=recipe.seed)
+        if kd is not None:
+            kw["kd_lr"] = float(kd.lr)
         if any(s.kind == "ild" for s in recipe.stages):
             kw["ild_lr"] = float(recipe.stage("ild").lr)
-        if kd.per_device_batch_sequences:
+        if kd is not None and kd.per_device_batch_sequences:
             kw["batch_size"] = kd.per_device_batch_sequences
             if kd.global_batch_sequences:
                 kw["grad_accum"] = max(1, kd.global_batch_sequences // kd.per_device_batch_sequences)
@@ -443,10 +445,12 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
             kw["data"] = {"source": recipe.source, "mixture": copy.deepcopy(recipe.data)}
         if recipe.chat_template is not None:
             kw["chat_template"] = recipe.chat_template
-        if "layout" in given or "mla_layers" in given:  # an explicit layer plan replaces the recipe's
+        if "layout" in given or "mla_layers" in given or "init_from" in given:  # another layer plan
             kw.pop("mla_layers")
-            if "layout" in given:
+            if "layout" in given or "init_from" in given:
                 kw.pop("linear_type")
+        if "init_from" in given:  # the checkpoint brings its own dims
+            kw["mixer_overrides"] = {}
     else:
         demo = given.get("base", "demo") == "demo"
         kw.update(stages=DEMO_STAGES if demo else "2k:ild,8k", ild_lr=DEMO_ILD_LR if demo else 2e-4,
@@ -476,6 +480,13 @@ def resolve_upcycle_cli(recipe_name: str | None, sets: dict[str, Any], out: str,
     flags = dict(flags)
     if flags.get("tokens_per_stage") is not None:
         flags["tokens_per_stage"] = parse_token_count(flags["tokens_per_stage"])
+    if isinstance(flags.get("batch_tokens"), str):
+        from hylo_bench.upcycle.stages import parse_length
+
+        try:
+            flags["batch_tokens"] = parse_length(flags["batch_tokens"])
+        except ValueError as e:
+            raise ValueError(f"--batch-tokens: {e}") from None
     cfg = upcycle_config_from_recipe(recipe, out, flags)
     if cfg.layout is None and cfg.mla_layers is not None:  # fail before any download, not after
         from hylo_bench.upcycle.run import _check_linear_type

@@ -68,6 +68,7 @@ class UpcycleConfig:
     stages: str = DEMO_STAGES
     tokens_per_stage: int = 1_000_000
     batch_size: int = 4
+    batch_tokens: int | None = None  # tokens per micro-batch: each stage's batch = batch_tokens // its length
     grad_accum: int = 1
     ild_lr: float = 2e-4
     kd_lr: float = 6e-5
@@ -106,6 +107,12 @@ class UpcycleConfig:
         return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
 
 
+def stage_batch_size(cfg: UpcycleConfig, seq_len: int) -> int:
+    """Sequences per micro-batch of a stage: ``batch_tokens // seq_len`` (at least 1) when ``batch_tokens`` is
+    set, so stages of different lengths take the same tokens per step; else ``batch_size``."""
+    return max(1, cfg.batch_tokens // seq_len) if cfg.batch_tokens else cfg.batch_size
+
+
 KL_TOKENS = ("all", "assistant")
 INITS = ("svd", "random")
 
@@ -128,6 +135,8 @@ def validate_config(cfg: UpcycleConfig) -> None:
         raise ValueError(f"--init {cfg.init!r}: expected one of {', '.join(INITS)}")
     if cfg.doc_boundaries_mode() not in DOC_BOUNDARIES:
         raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
+    if cfg.batch_tokens is not None and cfg.batch_tokens < 1:
+        raise ValueError(f"--batch-tokens {cfg.batch_tokens}: expected a positive token count")
     if cfg.init_from is not None:
         if cfg.layout is not None or cfg.mla_layers is not None:
             raise ValueError(f"--init-from {cfg.init_from}: the layout comes from that checkpoint; drop --layout / "
@@ -394,7 +403,8 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     manifest_path = out / "manifest.json"
     settings = {"base": cfg.base, "teacher": cfg.teacher or cfg.base, "layout": hcfg.mla_layers,
                 "stages": [s.to_dict() for s in stages], "data": cfg.data, "seed": cfg.seed,
-                "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
+                "batch_size": cfg.batch_size, "batch_tokens": cfg.batch_tokens, "grad_accum": cfg.grad_accum,
+                "ild_lr": cfg.ild_lr, "kd_lr": cfg.kd_lr,
                 "doc_boundaries": cfg.doc_boundaries_mode(),
                 "mixer_overrides": {k: v for k, v in cfg.mixer_overrides.items() if v is not None},
                 "kl_tokens": cfg.kl_tokens, "init": cfg.init, "init_from": init_from,
@@ -482,7 +492,8 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                                  f"used --no-stage-checkpoints), so it cannot resume; use a new --out")
             student = _load_stage_checkpoint(stage_dir, student, device, ctx)
             continue
-        per_step = cfg.batch_size * cfg.grad_accum
+        batch = stage_batch_size(cfg, stage.seq_len_tokens)
+        per_step = batch * cfg.grad_accum
         n_windows = max(1, stage.token_budget // (per_step * stage.seq_len_tokens)) * per_step
         if corpus.mixture is not None:
             rows = _mixture_stage_windows(corpus.mixture, manifest["stages"], i, tokenizer, stage.seq_len_tokens,
@@ -495,7 +506,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         entry["packing"] = rows.summary() | {"doc_boundaries": keep_bounds}
         if kl_mask is not None:
             entry["packing"]["kl_positions"] = int(kl_mask.sum())
-        opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=cfg.batch_size,
+        opts = StageOptions(lr=cfg.ild_lr if stage.kind == "ild" else cfg.kd_lr, batch_size=batch,
                             grad_accum=cfg.grad_accum, temperature=cfg.temperature, kl_chunk_size=cfg.kl_chunk_size,
                             autocast_dtype=torch.bfloat16 if device.startswith("cuda") else None, seed=cfg.seed + i,
                             save_every=cfg.save_every, stage_index=i, peak_flops=peak_flops,
