@@ -46,7 +46,7 @@ def build_mixer(config: HyLoConfig, layer_idx: int) -> tuple[str, nn.Module]:
     if kind == "mamba":
         from hylo_bench.models.mamba2 import Mamba2
 
-        return "mamba", Mamba2(**config.mamba_dims(), layer_idx=layer_idx)
+        return "mamba", Mamba2(**config.mamba_dims(), **config.mamba_options(), layer_idx=layer_idx)
     raise ValueError(f"layer {layer_idx}: unknown mixer type {kind!r}; expected 'mla', 'gdn' or 'mamba'")
 
 
