@@ -349,3 +349,28 @@ def test_layer_rank_list_carries_over_like_zebra_llama_and_folds_when_uniform():
     legacy = tiny_hybrid_config().to_hybrid_dict() | {"layer_rank_list": [], "use_fixed_rank_for_first_and_last_block":
                                                       True}
     assert HyLoConfig.from_dicts({"vocab_size": 97}, legacy).kv_lora_rank == 32
+
+
+# ---- item 18: decoding after a right-padded cached prefill is refused -------------------------------------------
+
+@pytest.mark.parametrize("linear_type", ["gdn", "mamba"])
+def test_right_padded_cached_prefill_is_refused(linear_type):
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config(linear_type=linear_type)).eval()
+    ids = torch.randint(3, 97, (2, 8))
+    right = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    with torch.no_grad(), pytest.raises(ValueError, match="right .*padding.*Pad on the left"):
+        model(ids, attention_mask=right, use_cache=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="right .*padding"):
+        model.generate(ids, attention_mask=right, max_new_tokens=2, do_sample=False)
+    with torch.no_grad():  # scoring a right-padded batch without a cache stays allowed and exact
+        full = model(ids, attention_mask=right).logits
+        alone = model(ids[1:, :5]).logits
+    assert torch.allclose(full[1, :5], alone[0], atol=1e-5)
+    # left padding decodes as the unpadded row does
+    left_ids = torch.cat([torch.full((1, 3), 2), ids[1:, :5]], 1)
+    left = torch.tensor([[0] * 3 + [1] * 5])
+    with torch.no_grad():
+        a = model.generate(left_ids, attention_mask=left, max_new_tokens=4, do_sample=False)[:, 8:]
+        b = model.generate(ids[1:, :5], max_new_tokens=4, do_sample=False)[:, 5:]
+    assert a.tolist() == b.tolist()
