@@ -110,7 +110,7 @@ def load_or_generate(
     for index in range(len(samples), num_samples):
         samples.append(
             generate_sample(task, tokenizer, length_tokens, index, seed, haystack_text, chat_template=chat_template,
-                            flavor=flavor, qa_path=qa_path)
+                            flavor=flavor, qa_path=qa_path, num_samples=num_samples)
         )
         if on_sample is not None:
             on_sample()
