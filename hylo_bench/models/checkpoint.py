@@ -143,7 +143,8 @@ def _mixer_type_problems(model: torch.nn.Module, mixer_attr: dict[int, tuple[str
         if want is not None and want != kind:
             problems.append(f"layer {i}: hybrid_config.json makes it {_KIND_NAMES[want]} ({want!r}) but the state "
                             f"dict holds a {_KIND_NAMES[kind]} mixer under model.layers.{i}.{attr} - the weights "
-                            f"are authoritative: set linear_type to {kind!r} (and check mla_layers)")
+                            f"are authoritative: set linear_type to {kind!r} in config.json's 'hylo_bench' object (and "
+                            f"check mla_layers)")
     return problems
 
 

@@ -36,7 +36,7 @@ def test_cwe_example_answer_follows_the_prefix_after_one_space(length):
     built = build(TASKS["ruler_cwe"], random.Random(0), 50, ctx)
     example = built.extra["input_example"]
     # NVIDIA: template.format(context=..., query='') + ' ' + ' '.join(f"{i + 1}. {word}" ...)
-    head, answers = example.split(CWE_PREFIX)
+    _, answers = example.split(CWE_PREFIX)
     assert answers.startswith(" 1. ") and re.fullmatch(r"( \d+\. \S+){10}", answers)
     assert built.input.startswith(example + "\nBelow is a numbered list")
     lm = build(TASKS["ruler_cwe"], random.Random(0), 50, BuildContext(length_tokens=length, flavor="lm-eval"))
