@@ -33,6 +33,15 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _json_only(as_json: bool):
+    """With ``--json``, everything a command's libraries print on stdout goes to stderr (lm-eval prints
+    "Downloaded punkt_tab on rank 0" at import, for one), so stdout holds the JSON alone."""
+    import contextlib
+    import sys
+
+    return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
 def _int_list(text: Optional[str]) -> Optional[list[int]]:
     if text is None:
         return None
@@ -299,7 +308,8 @@ def ruler(
     model: Optional[str] = typer.Option(None, "--model", help="Hub id, local dir or 'demo'."),
     lengths: str = typer.Option("4k", "--lengths", help="Comma-separated context lengths (k = 1024)."),
     tasks: str = typer.Option("all", "--tasks", help="'all' or comma-separated task names."),
-    samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
+    samples: int = typer.Option(500, "--samples", help="Samples per task and length (NVIDIA/RULER's and lm-eval's "
+                                "500; fewer give wide intervals: one sample is 5 points of a 20-sample score)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Default 42 (native); with --backend lm-eval, lm-eval's "
                                        "random_seed 0."),
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
@@ -356,7 +366,8 @@ def ruler(
                             chat_template=chat_template, device=device, strip_think=strip_think,
                             flavor=flavor or ("lm-eval" if lm_eval else "nvidia"), squad_path=squad,
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend)
-        result = R.run(cfg, console=console)
+        with _json_only(as_json):
+            result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0
@@ -453,8 +464,8 @@ def eval_(
                                             "Hub dataset's columns."),
     output_dir: Path = typer.Option(Path("hylo-results"), "--output-dir", "--results-dir",
                                     help="Results folder (lm-eval files under lm-eval/, store hylo_bench.sqlite)."),
-    max_length: int = typer.Option(8192, "--max-length", help="Context window in tokens (longer prompts are "
-                                   "left-truncated)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Context window in tokens (longer prompts "
+                                             "are left-truncated); default: the model's own, as lm-eval's hf."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
@@ -473,7 +484,8 @@ def eval_(
                            limit=None if limit is None else (int(limit) if limit >= 1 else limit),
                            batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
                            data_dir=data_dir, device=device, dtype=dtype, engine=engine, devices=devices)
-        result = E.run(cfg)
+        with _json_only(as_json):
+            result = E.run(cfg)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0: rank 0 prints and saves

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,12 +152,18 @@ def _aggregate(cfg, named: dict[str, int], source: str) -> dict[str, Any]:
 
 
 def rope_info(cfg) -> dict[str, Any]:
-    """MLA RoPE settings: base, scaling dict, YaRN mscale (0.1 ln F + 1; checkpoint-format.md §5.3) and the
-    context YaRN targets (F x L0 tokens)."""
+    """MLA RoPE settings: base, scaling dict, the cos/sin multiplier the model applies (``yarn_mscale``:
+    :func:`hylo_bench.models.spec.yarn_attention_factor`, 0.1 ln F + 1 for the released configs;
+    checkpoint-format.md §5.3), the softmax-scale multiplier (``softmax_mscale2``: yarn_mscale(F,
+    mscale_all_dim)^2, 1 unless ``mscale_all_dim`` is set) and the context YaRN targets (F x L0 tokens)."""
+    from hylo_bench.models.spec import mla_softmax_mscale2, yarn_attention_factor
+
     rs = cfg.mla_rope_scaling or None
     factor = float(rs.get("factor", 1.0)) if rs else 1.0
-    out = {"rope_theta": cfg.mla_rope_theta, "rope_scaling": rs, "yarn_active": factor > 1.0,
-           "yarn_mscale": round(0.1 * math.log(factor) + 1.0, 4) if factor > 1.0 else 1.0}
+    yarn = bool(rs) and rs.get("rope_type", "yarn") == "yarn"
+    out = {"rope_theta": cfg.mla_rope_theta, "rope_scaling": rs, "yarn_active": yarn and factor > 1.0,
+           "yarn_mscale": round(yarn_attention_factor(rs), 4),
+           "softmax_mscale2": round(mla_softmax_mscale2(rs), 4)}
     if rs and factor > 1.0:
         out["yarn_target_context_tokens"] = int(factor * rs.get("original_max_position_embeddings", 4096))
     return out
@@ -295,8 +300,10 @@ def render_info(d: dict[str, Any]) -> list:
     ctx = d["trained_context_tokens"]
     rope = d["rope"]
     rs = rope["rope_scaling"]
-    yarn = (f"YaRN factor {rs.get('factor')}, original {rs.get('original_max_position_embeddings')}, mscale "
+    yarn = (f"YaRN factor {rs.get('factor')}, original {rs.get('original_max_position_embeddings')}, cos/sin x "
             f"{rope['yarn_mscale']}" if rope["yarn_active"] else "plain RoPE (no interpolation)")
+    if rope.get("softmax_mscale2", 1.0) != 1.0:
+        yarn += f", softmax scale x {rope['softmax_mscale2']} (mscale_all_dim)"
     rows = [("layout", f"{d['layout']}  (MLA layers {d['mla_layers']})"),
             ("backbone / teacher", f"{d['backbone'] or '-'} / {d['teacher'] or '-'}"),
             ("parameters", f"{d['params']:,}  ({d['params_detail']['source']})"),

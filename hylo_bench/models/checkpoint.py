@@ -154,7 +154,8 @@ def _mixer_type_problems(model: torch.nn.Module, mixer_attr: dict[int, tuple[str
         if want is not None and want != kind:
             problems.append(f"layer {i}: hybrid_config.json makes it {_KIND_NAMES[want]} ({want!r}) but the state "
                             f"dict holds a {_KIND_NAMES[kind]} mixer under model.layers.{i}.{attr} - the weights "
-                            f"are authoritative: set linear_type to {kind!r} (and check mla_layers)")
+                            f"are authoritative: set linear_type to {kind!r} in config.json's 'hylo_bench' object (and "
+                            f"check mla_layers)")
     return problems
 
 
@@ -237,6 +238,10 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
             keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla/mamba_ssm keep the gate parameters in fp32
             target = torch.float32 if keep_fp32 and dtype is not None else dtype
             state[dst] = t.to(device=device, dtype=target or t.dtype)
+    if "model.embed_tokens.weight#tied" in mapping:
+        # A tied export: the (untied) head starts as its own copy of the embedding, so the two train apart and
+        # save as two tensors (one shared storage would make safetensors refuse to save).
+        state["lm_head.weight"] = state["lm_head.weight"].clone()
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     return model
@@ -245,15 +250,23 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
 def save_hylo(model, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``config.json``, ``hybrid_config.json`` and ``model.safetensors`` (atomically) in the released layout.
 
-    Tensors are saved as they are (contiguous copies); inference-only buffers are never written. ``state_dict``
-    replaces ``model.state_dict()`` (e.g. the merged full state dict of an FSDP-sharded model).
+    Tensors are saved as they are (contiguous copies); inference-only buffers are never written; tensors that
+    share storage (a head tied to the embedding by hand) are written as separate copies, as the released
+    checkpoints store ``lm_head.weight`` apart. ``state_dict`` replaces ``model.state_dict()`` (e.g. the merged
+    full state dict of an FSDP-sharded model).
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     model.config.save_files(d)
-    sd = {k: v.detach().contiguous().cpu() for k, v in (model.state_dict() if state_dict is None
-                                                         else state_dict).items()
-          if not k.endswith(INFERENCE_ONLY_SUFFIXES)}
+    sd, storages = {}, set()
+    for k, v in (model.state_dict() if state_dict is None else state_dict).items():
+        if k.endswith(INFERENCE_ONLY_SUFFIXES):
+            continue
+        t = v.detach().contiguous().cpu()
+        if t.numel() and t.untyped_storage().data_ptr() in storages:
+            t = t.clone()  # shares storage with a tensor already taken (a tied head): write a copy
+        storages.add(t.untyped_storage().data_ptr())
+        sd[k] = t
     atomic_write_bytes(d / WEIGHTS_NAME, safetensors_save(sd, metadata={"format": "pt"}))
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(d)

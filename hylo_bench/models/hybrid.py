@@ -46,7 +46,7 @@ def build_mixer(config: HyLoConfig, layer_idx: int) -> tuple[str, nn.Module]:
     if kind == "mamba":
         from hylo_bench.models.mamba2 import Mamba2
 
-        return "mamba", Mamba2(**config.mamba_dims(), layer_idx=layer_idx)
+        return "mamba", Mamba2(**config.mamba_dims(), **config.mamba_options(), layer_idx=layer_idx)
     raise ValueError(f"layer {layer_idx}: unknown mixer type {kind!r}; expected 'mla', 'gdn' or 'mamba'")
 
 
@@ -124,7 +124,8 @@ class HyLoModel(HyLoPreTrainedModel):
 
         Args:
             input_ids: [B, T] token ids (or ``inputs_embeds`` [B, T, D]).
-            attention_mask: [B, P + T] 0/1 padding mask over cached and new tokens (left padding supported).
+            attention_mask: [B, P + T] 0/1 padding mask over cached and new tokens. Left padding only when caching
+                (``use_cache``); right padding is fine without a cache (scoring).
             position_ids: [B, T]; derived from ``attention_mask`` (cumsum - 1) when absent (from ``cu_seqlens``
                 when given: restarting at 0 per document).
             past_key_values: a ``HyLoCache`` from an earlier call, or None.
@@ -135,7 +136,8 @@ class HyLoModel(HyLoPreTrainedModel):
                 (e.g. ``cu_seqlens_from_position_ids(position_ids)``).
 
         Raises:
-            ValueError: ``cu_seqlens`` with a cache, ``use_cache`` or a padding mask, or invalid offsets.
+            ValueError: ``cu_seqlens`` with a cache, ``use_cache`` or a padding mask, or invalid offsets;
+                ``use_cache`` with an ``attention_mask`` that has padding after a real token (right padding).
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -160,6 +162,14 @@ class HyLoModel(HyLoPreTrainedModel):
                                  f"{type(past_key_values).__name__}")
             past_key_values = HyLoCache(num_layers=self.config.n_layer)
         past = past_key_values.seen_tokens if isinstance(past_key_values, HyLoCache) else 0
+        if use_cache and attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > 1:
+            real = attention_mask.bool()
+            if bool((real[:, :-1] & ~real[:, 1:]).any()):  # a real token followed by padding
+                raise ValueError(
+                    "use_cache with right (or inner) padding in attention_mask is not supported: the GDN / Mamba-2 "
+                    "conv states would end in padding and the next positions would be off, so decoding from that "
+                    "cache is wrong. Pad on the left (tokenizer.padding_side = 'left', as generate() expects), or "
+                    "score right-padded batches without use_cache")
         token_mask = None
         if attention_mask is not None and attention_mask.dim() == 2:
             token_mask = attention_mask[:, -T:].bool()

@@ -42,21 +42,23 @@ class Mamba2State:
 
 
 class GatedRMSNormGroups(nn.Module):
-    """``rmsnorm_per_group(y * silu(z)) * weight``: gate first, then normalise each group of ``group_size``.
+    """Gated RMSNorm per group of ``group_size``: ``rmsnorm_group(y * silu(z)) * weight`` (gate first, the
+    Zebra-Llama default) or, with ``norm_before_gate``, ``rmsnorm_group(y) * weight * silu(z)``.
 
     Computed in float32 (float64 for float64 inputs), returned in y's dtype.
 
     Reference:
-        mamba_ssm ``ops/triton/layernorm_gated.py::RMSNorm`` with ``norm_before_gate=False`` and
-        ``group_size = d_inner / ngroups`` (checkpoint-format.md sec. 4.5 step 5, sec. 4.3 (e)).
+        mamba_ssm ``ops/triton/layernorm_gated.py::RMSNorm`` (``rms_norm_ref``) with ``group_size = d_inner /
+        ngroups`` (checkpoint-format.md sec. 4.5 step 5, sec. 4.3 (e)).
     """
 
-    def __init__(self, dim: int, group_size: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, group_size: int, eps: float = 1e-5, norm_before_gate: bool = False) -> None:
         super().__init__()
         if dim % group_size:
             raise ValueError(f"gated norm width {dim} is not a multiple of its group size {group_size}")
         self.group_size = group_size
         self.eps = eps
+        self.norm_before_gate = bool(norm_before_gate)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def reset_parameters(self) -> None:
@@ -65,10 +67,13 @@ class GatedRMSNormGroups(nn.Module):
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [..., E] -> [..., E] in y's dtype."""
         dt = _math_dtype(y.dtype)
-        g = y.to(dt) * F.silu(z.to(dt))
+        gate = F.silu(z.to(dt))
+        g = y.to(dt) if self.norm_before_gate else y.to(dt) * gate
         g = g.unflatten(-1, (-1, self.group_size))
-        g = (g * torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + self.eps)).flatten(-2)
-        return (g * self.weight.to(dt)).to(y.dtype)
+        g = (g * torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + self.eps)).flatten(-2) * self.weight.to(dt)
+        if self.norm_before_gate:
+            g = g * gate
+        return g.to(y.dtype)
 
 
 class Mamba2(nn.Module):
@@ -93,6 +98,12 @@ class Mamba2(nn.Module):
         norm_eps: epsilon of the gated RMSNorm (1e-5 in Zebra-Llama).
         chunk_size: chunk length of the torch scan.
         layer_idx: index of the layer in the model (bookkeeping only).
+        norm_before_gate: gated norm order (``ssm_cfg.norm_before_gate``; Zebra-Llama default False: gate first).
+        dt_limit: (min, max) clamp of dt after the softplus (``ssm_cfg.dt_limit``; mamba_ssm's
+            ``mamba_chunk_scan_combined``); default (0, inf) = no clamp. Applied in decode steps too (Zebra-Llama's
+            ``step`` omits it, so its decode would disagree with its own prefill).
+        dt_min, dt_max, dt_init_floor, A_init_range, conv_init: initialisation of dt_bias, A_log and the conv
+            kernel (mamba_ssm ``Mamba2`` arguments; ``conv_init`` None keeps torch's default conv init).
         backend: scan back end for T > 1: "auto", "torch" or "fla" (see ``hylo_bench.kernels.ssd.ssd_scan``).
 
     Raises:
@@ -116,6 +127,13 @@ class Mamba2(nn.Module):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         layer_idx: int | None = None,
         *,
+        norm_before_gate: bool = False,
+        dt_limit: tuple[float, float] = (0.0, math.inf),
+        dt_min: float = _DT_MIN,
+        dt_max: float = _DT_MAX,
+        dt_init_floor: float = _DT_FLOOR,
+        A_init_range: tuple[float, float] = _A_INIT_RANGE,
+        conv_init: float | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -143,6 +161,16 @@ class Mamba2(nn.Module):
         self.chunk_size = chunk_size
         self.layer_idx = layer_idx
         self.backend = backend
+        lo, hi = (float(v) for v in dt_limit)
+        if not 0.0 <= lo < hi:
+            raise ValueError(f"Mamba2 dt_limit must be (min, max) with 0 <= min < max; got {tuple(dt_limit)}")
+        self.dt_limit = (lo, hi)
+        if not (0 < dt_min <= dt_max and dt_init_floor >= 0 and 0 < A_init_range[0] <= A_init_range[1]):
+            raise ValueError(f"Mamba2 init: need 0 < dt_min <= dt_max, dt_init_floor >= 0, 0 < A_init_range[0] <= "
+                             f"A_init_range[1]; got {dt_min}, {dt_max}, {dt_init_floor}, {tuple(A_init_range)}")
+        self._dt_init = (float(dt_min), float(dt_max), float(dt_init_floor))
+        self._A_init_range = (float(A_init_range[0]), float(A_init_range[1]))
+        self.conv_init = conv_init
 
         self.in_proj = nn.Linear(hidden_size, 2 * d_inner + 2 * d_xb + ngroups, bias=False)
         # padding is applied by hand (zeros or the cached inputs), so the module itself pads nothing
@@ -152,21 +180,29 @@ class Mamba2(nn.Module):
         self.D = nn.Parameter(torch.empty(ngroups))
         for p in (self.dt_bias, self.A_log, self.D):
             p._no_weight_decay = True
-        self.norm = GatedRMSNormGroups(d_inner, group_size=d_state, eps=norm_eps)
+        self.norm = GatedRMSNormGroups(d_inner, group_size=d_state, eps=norm_eps, norm_before_gate=norm_before_gate)
         self.out_proj = nn.Linear(d_inner, hidden_size, bias=False)
+        self._init_conv()
         self.reset_special_parameters()
 
     @torch.no_grad()
+    def _init_conv(self) -> None:
+        if self.conv_init is not None and not self.conv1d.weight.is_meta:
+            nn.init.uniform_(self.conv1d.weight, -self.conv_init, self.conv_init)
+
+    @torch.no_grad()
     def reset_special_parameters(self) -> None:
-        """mamba_ssm defaults: dt_bias = softplus^-1(dt), dt ~ log-U[1e-3, 0.1] floored at 1e-4; A_log = log U[1, 16];
-        D = 1; norm weight 1 (checkpoint-format.md sec. 7.3). No-op on the meta device."""
+        """mamba_ssm init: dt_bias = softplus^-1(dt), dt ~ log-U[dt_min, dt_max] floored at dt_init_floor (defaults
+        1e-3, 0.1, 1e-4); A_log = log U[A_init_range] (default [1, 16]); D = 1; norm weight 1 (checkpoint-format.md
+        sec. 7.3). No-op on the meta device."""
         if self.A_log.is_meta:
             return
         H, dev = self.nheads, self.A_log.device
+        dt_min, dt_max, dt_floor = self._dt_init
         u01 = torch.rand(H, dtype=torch.float32, device=dev)
-        dt = (u01 * (math.log(_DT_MAX) - math.log(_DT_MIN)) + math.log(_DT_MIN)).exp().clamp(min=_DT_FLOOR)
+        dt = (u01 * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).exp().clamp(min=dt_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-        self.A_log.copy_(torch.empty(H, dtype=torch.float32, device=dev).uniform_(*_A_INIT_RANGE).log())
+        self.A_log.copy_(torch.empty(H, dtype=torch.float32, device=dev).uniform_(*self._A_init_range).log())
         self.D.fill_(1.0)
         self.norm.reset_parameters()
 
@@ -174,6 +210,7 @@ class Mamba2(nn.Module):
         """Re-initialise every parameter (torch defaults for in_proj, conv1d, out_proj; mamba_ssm for the rest)."""
         for mod in (self.in_proj, self.conv1d, self.out_proj):
             mod.reset_parameters()
+        self._init_conv()
         self.reset_special_parameters()
 
     def state_bytes_per_sequence(self) -> int:
@@ -278,6 +315,8 @@ class Mamba2(nn.Module):
 
         cdt = _math_dtype(hidden_states.dtype)
         dt_BTH = F.softplus(dt_BTH.to(cdt) + self.dt_bias.to(cdt))
+        if self.dt_limit != (0.0, math.inf):  # mamba_ssm clamps after the softplus, before the scan
+            dt_BTH = dt_BTH.clamp(*self.dt_limit)
         if mask_BT is not None:
             dt_BTH = dt_BTH * mask_BT.to(cdt)[..., None]
         A_H = -torch.exp(self.A_log.to(cdt))

@@ -7,7 +7,8 @@ Forward (checkpoint-format.md §5.1; paper App. A.2.1; Zebra-Llama ``DeepseekV3A
 q = q_b(q_a(x)) -> [B, H, T, N + R]; [c_KV ; k_pe] = kv_a_proj_with_mqa(x) (k_pe one shared head);
 [k_nope ; v] = kv_b(c_KV) per KV head, repeated to H heads; optional Qwen3 q/k RMSNorm over the assembled
 N + R dims (§4.3 (d), placement flagged); RoPE (with YaRN) on the R dims only; causal softmax attention with
-scale 1/sqrt(N + R); out_proj.
+scale 1/sqrt(N + R) (times yarn_mscale(F, mscale_all_dim)^2 when the YaRN dict sets ``mscale_all_dim``,
+DeepseekV3's rule); out_proj. Optional latent norms (``use_lora_layer_norm``) use eps 1e-6 as Zebra-Llama's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from hylo_bench.models.cache import MLALayerCache
 from hylo_bench.models.config import HyLoConfig
 from hylo_bench.models.rope import MLARotary, apply_rope_interleaved
+from hylo_bench.models.spec import LATENT_NORM_EPS, mla_softmax_scale
 
 
 class MLA(nn.Module):
@@ -38,19 +40,20 @@ class MLA(nn.Module):
         self.num_kv_heads = c.num_key_value_heads
         self.nope_dim, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.qk_dim = self.nope_dim + self.rope_dim
-        self.kv_rank = c.kv_lora_rank
-        self.scale = self.qk_dim ** -0.5
+        q_rank, self.kv_rank = c.mla_ranks(layer_idx)  # per layer with a legacy layer_rank_list
+        # 1/sqrt(N + R), times yarn_mscale(F, mscale_all_dim)^2 when the YaRN dict sets mscale_all_dim (DeepseekV3)
+        self.scale = mla_softmax_scale(self.qk_dim, c.mla_rope_scaling)
         bias = c.attention_bias
-        if c.q_lora_rank is None:
+        if q_rank is None:
             self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.qk_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=bias)
+            self.q_a_proj = nn.Linear(c.hidden_size, q_rank, bias=bias)
             if c.use_lora_layer_norm:
-                self.q_a_layernorm = LlamaRMSNorm(c.q_lora_rank, eps=c.rms_norm_eps)
-            self.q_b_proj = nn.Linear(c.q_lora_rank, self.num_heads * self.qk_dim, bias=False)
+                self.q_a_layernorm = LlamaRMSNorm(q_rank, eps=LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(q_rank, self.num_heads * self.qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, self.kv_rank + self.rope_dim, bias=bias)
         if c.use_lora_layer_norm:
-            self.kv_a_layernorm = LlamaRMSNorm(self.kv_rank, eps=c.rms_norm_eps)
+            self.kv_a_layernorm = LlamaRMSNorm(self.kv_rank, eps=LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(self.kv_rank, self.num_kv_heads * (self.nope_dim + self.v_dim), bias=False)
         self.out_proj = nn.Linear(self.num_heads * self.v_dim, c.hidden_size, bias=bias)
         self.use_qk_norm = c.use_qk_norm

@@ -8,8 +8,10 @@ pos * theta_i with theta_i = base^(-2i/R). We keep the interleaved output order 
 
 YaRN (checkpoint-format.md §5.3; DeepSeek-V2 ``yarn_find_correction_range``): frequencies blend between the
 original and the interpolated (theta / F) ones over a linear ramp between the correction dims of
-``beta_fast`` and ``beta_slow``; cos and sin are both multiplied by ``mscale = 0.1 ln F + 1`` (F > 1).
-A factor <= 1 is plain RoPE.
+``beta_fast`` and ``beta_slow``; cos and sin are both multiplied by the attention factor of
+:func:`hylo_bench.models.spec.yarn_attention_factor` (``0.1 ln F + 1`` for F > 1 in every released config;
+transformers' ``attention_factor`` when given). A factor <= 1 has the plain RoPE frequencies. The softmax scale
+(``mscale_all_dim``) is :func:`hylo_bench.models.spec.mla_softmax_scale`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,7 @@ import math
 
 import torch
 
-
-def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
-    """YaRN attention scale ``0.1 * mscale * ln(scale) + 1`` (1 for scale <= 1). Source: DeepSeek-V2."""
-    if scale <= 1.0:
-        return 1.0
-    return 0.1 * mscale * math.log(scale) + 1.0
+from hylo_bench.models.spec import yarn_attention_factor, yarn_get_mscale  # noqa: F401  (yarn_get_mscale re-exported)
 
 
 def yarn_correction_range(rope_dim: int, base: float, original_max_pos: int, beta_fast: float = 32,
@@ -41,7 +38,8 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
     """Inverse frequencies [R/2] (float64) and the cos/sin multiplier for the given scaling dict.
 
     Raises:
-        ValueError: on an unsupported ``rope_type`` (supported: yarn, default/none; linear).
+        ValueError: on an unsupported ``rope_type`` (supported: yarn, default/none; linear), and as
+            :func:`hylo_bench.models.spec.yarn_attention_factor` (mscale settings the references disagree on).
     """
     idx = torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu")  # never on meta
     inv_extra = 1.0 / (base ** (idx / rope_dim))
@@ -49,13 +47,14 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
         return inv_extra, 1.0
     kind = rope_scaling.get("rope_type", rope_scaling.get("type", "yarn"))
     factor = float(rope_scaling.get("factor", 1.0))
-    if kind in ("default", "none") or factor <= 1.0:
-        return inv_extra, 1.0
-    if kind == "linear":
-        return inv_extra / factor, 1.0
-    if kind != "yarn":
+    if kind not in ("default", "none", "linear", "yarn"):
         raise ValueError(f"rope_scaling.rope_type = {kind!r} is not supported for MLA layers; expected 'yarn' "
                          f"(or 'linear'); legacy 'llama3' dicts are converted when hybrid_config.json is read")
+    mscale = yarn_attention_factor(rope_scaling)
+    if kind in ("default", "none") or factor <= 1.0:
+        return inv_extra, mscale
+    if kind == "linear":
+        return inv_extra / factor, 1.0
     original = int(rope_scaling.get("original_max_position_embeddings", 4096))
     low, high = yarn_correction_range(rope_dim, base, original, rope_scaling.get("beta_fast", 32),
                                       rope_scaling.get("beta_slow", 1))
@@ -65,8 +64,6 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
     inv_inter = inv_extra / factor
     # ramp = 0 below `low`: keep the original frequency; ramp = 1 above `high`: fully interpolated.
     inv_freq = inv_inter * ramp + inv_extra * (1 - ramp)
-    mscale = yarn_get_mscale(factor, rope_scaling.get("mscale", 1.0)) / yarn_get_mscale(
-        factor, rope_scaling.get("mscale_all_dim", 0.0))
     return inv_freq, mscale
 
 

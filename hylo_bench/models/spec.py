@@ -26,15 +26,24 @@ logger = logging.getLogger(__name__)
 HYBRID_CONFIG_NAME = "hybrid_config.json"
 BASE_CONFIG_NAME = "config.json"
 
-# Keys of hybrid_config.json that we write (Zebra-Llama HybridConfig fields + HyLo additions), in order.
-HYBRID_KEYS = (
+# hybrid_config.json as Zebra-Llama's ``HybridConfig`` dataclass writes it (``asdict``, field order;
+# Zebra-Llama/hybrid/hybrid_config.py, checkpoint-format.md sec. 3.1). ``HybridConfig(**json)`` rejects any other key.
+ZEBRA_KEYS = (
     "hidden_size", "intermediate_size", "hidden_act", "n_layer", "mla_layers", "rms_norm_eps",
     "num_attention_heads", "num_key_value_heads", "kv_lora_rank", "q_lora_rank", "use_lora_layer_norm",
     "use_full_kv_head", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qkv_rank_divisor",
-    "max_position_embeddings", "rope_theta", "rope_scaling", "attention_bias", "attention_dropout",
-    "linear_type", "gdn_num_heads", "gdn_head_dim", "gdn_expand_v", "gdn_conv_size", "gdn_norm_eps",
-    "use_qk_norm", "d_model", "ssm_cfg", "d_inner", "d_xb",
+    "max_position_embeddings", "rope_theta", "rope_scaling", "attention_bias", "attention_dropout", "rope_type",
+    "d_model", "ssm_cfg", "d_inner", "d_xb",
 )
+HYLO_GDN_KEYS = ("gdn_num_heads", "gdn_head_dim")
+"""The HyLo additions of the model cards, written for GDN models only (checkpoint-format.md sec. 3.2)."""
+EXTRA_KEYS = ("linear_type", "use_qk_norm", "gdn_expand_v", "gdn_conv_size", "gdn_norm_eps")
+"""Our facts that the released schema has no key for. Written to ``config.json`` under :data:`EXTRAS_KEY` (the
+reference builds a ``LlamaConfig(**config_json)``, which keeps unknown keys); read from there or, in files
+hylo-bench wrote before, from ``hybrid_config.json``."""
+EXTRAS_KEY = "hylo_bench"
+# Keys of hybrid_config.json that we read into the config (rope_type is handled on its own).
+HYBRID_KEYS = tuple(k for k in ZEBRA_KEYS if k != "rope_type") + HYLO_GDN_KEYS + EXTRA_KEYS + ("layer_rank_list",)
 MLA_REQUIRED_KEYS = ["num_attention_heads", "num_key_value_heads", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                      "qk_nope_head_dim", "v_head_dim"]
 _NUM = (int, float)
@@ -46,12 +55,27 @@ KEY_TYPES: dict[str, Any] = {
     "gdn_expand_v": _NUM, "gdn_norm_eps": _NUM, "attention_dropout": _NUM, "rope_scaling": dict,
     "use_lora_layer_norm": bool, "use_full_kv_head": bool, "attention_bias": bool, "use_qk_norm": bool,
     "linear_type": str, "hidden_act": str, "ssm_cfg": dict, "d_model": int, "d_inner": int, "d_xb": int,
+    "layer_rank_list": dict,
 }
 NULLABLE_KEYS = {"q_lora_rank", "rope_scaling", "d_inner", "d_xb", "d_model"}
 _ATTR_FOR_KEY = {"rope_theta": "mla_rope_theta", "rope_scaling": "mla_rope_scaling"}
-# Keys older Zebra-Llama / X-EcoMLA configs carry that we accept and ignore (checkpoint-format.md §8).
+# Keys older Zebra-Llama / X-EcoMLA configs carry that we accept and ignore (checkpoint-format.md §8);
+# ``layer_rank_list`` is honoured (per-layer MLA ranks).
 LEGACY_KEYS = ("rope_type", "use_fixed_rank_for_first_and_last_block", "layer_rank_list", "q_energy_ratio",
                "kv_energy_ratio")
+
+LATENT_NORM_EPS = 1e-6
+"""eps of the MLA latent norms ``q_a_layernorm`` / ``kv_a_layernorm`` (``use_lora_layer_norm``): Zebra-Llama builds
+them as ``DeepseekV3RMSNorm(rank)`` with its default eps 1e-6, not ``rms_norm_eps``
+(``hybrid/mla/hybrid_mla_layer.py``)."""
+
+# ssm_cfg keys (Zebra-Llama hybrid_mamba2_layer.Mamba2 keyword arguments) and, for those whose other values are not
+# implemented, the one value that is.
+_SSM_CFG_KEYS = ("expand", "ngroups", "d_state", "d_conv", "repeat_kv_before_conv", "d_ssm", "headdim",
+                 "norm_before_gate", "dt_limit", "dt_min", "dt_max", "dt_init_floor", "A_init_range", "conv_init",
+                 "chunk_size", "use_mem_eff_path", "D_has_hdim", "rmsnorm", "bias", "conv_bias")
+_SSM_CFG_FIXED = {"D_has_hdim": False, "rmsnorm": True, "bias": False, "conv_bias": True,
+                  "repeat_kv_before_conv": False}
 
 # Released HyLo MLA placements, keyed by (n_layer, n_mla) (checkpoint-format.md §3.4; paper Table 7).
 RELEASED_MLA_LAYERS: dict[tuple[int, int], list[int]] = {
@@ -120,6 +144,8 @@ class HybridFields:
         base_model_type: ``model_type`` of the base ``config.json`` ("llama", "qwen3").
         base_num_key_value_heads, base_head_dim: n_kv and d_h of the base attention (KV-cache % reference).
         base_config: the base ``config.json`` dict, written back verbatim on save.
+        layer_rank_list: legacy per-layer MLA ranks ``{"<layer>": {"q_rank": r_q, "kv_rank": r_kv}}``
+            (Zebra-Llama before ``c33ccff``, X-EcoMLA; checkpoint-format.md sec. 8), see :meth:`mla_ranks`.
 
     Raises:
         ValueError: on inconsistent values (rank not a multiple of the divisor, heads not divisible, a layer
@@ -162,6 +188,7 @@ class HybridFields:
         ssm_cfg: dict | None = None,
         d_inner: int | None = None,
         d_xb: int | None = None,
+        layer_rank_list: dict | None = None,
         base_model_type: str = "llama",
         base_num_key_value_heads: int | None = None,
         base_head_dim: int | None = None,
@@ -208,6 +235,7 @@ class HybridFields:
         self.ssm_cfg = dict(ssm_cfg or {})
         self.d_inner = d_inner
         self.d_xb = d_xb
+        self.layer_rank_list = copy.deepcopy(layer_rank_list) if layer_rank_list else {}
         self.base_model_type = base_model_type
         self.base_num_key_value_heads = base_num_key_value_heads or num_key_value_heads
         self.base_head_dim = base_head_dim or (hidden_size // num_attention_heads)
@@ -243,6 +271,23 @@ class HybridFields:
         """GDN value head dim Vd = expand_v * K (fla ``GatedDeltaNet``)."""
         return int(self.gdn_head_dim * self.gdn_expand_v)
 
+    def mla_ranks(self, layer_idx: int) -> tuple[int | None, int]:
+        """(q_lora_rank, kv_lora_rank) of MLA layer ``layer_idx``.
+
+        Without a ``layer_rank_list``: the top-level ranks. With one: the entry of the layer, or else of the
+        nearest earlier MLA layer that has one (Zebra-Llama's ``DeepseekV3Attention`` writes each entry into the
+        shared config as it builds the layers in order, so a layer without an entry keeps the previous one's
+        ranks), or else the top-level ranks.
+        """
+        ranks = (self.q_lora_rank, self.kv_lora_rank)
+        for i in self.mla_layers:
+            if i > layer_idx:
+                break
+            entry = self.layer_rank_list.get(str(i))
+            if entry is not None:
+                ranks = (entry["q_rank"], entry["kv_rank"])
+        return ranks
+
     def mamba_dims(self) -> dict[str, int]:
         """Mamba-2 mixer dims: ``hidden_size, d_inner, d_xb, ngroups, d_state, d_conv`` (checkpoint-format.md sec. 3.1).
 
@@ -275,6 +320,51 @@ class HybridFields:
         return dict(hidden_size=self.hidden_size, d_inner=d_inner, d_xb=d_xb, ngroups=ngroups, d_state=d_state,
                     d_conv=int(cfg.get("d_conv", 4)))
 
+    def mamba_options(self) -> dict[str, Any]:
+        """Mamba-2 behaviour options read from ``ssm_cfg`` (Zebra-Llama / mamba_ssm ``Mamba2`` keyword names),
+        as :class:`hylo_bench.models.mamba2.Mamba2` keyword arguments: ``norm_before_gate``, ``dt_limit`` and,
+        when set, the initialisation options ``dt_min``, ``dt_max``, ``dt_init_floor``, ``A_init_range``,
+        ``conv_init``.
+
+        Accepted without effect (no effect on the outputs in the reference either): ``expand`` (d_inner is
+        given), ``headdim`` (the reference overrides it with d_state), ``chunk_size`` and ``use_mem_eff_path``
+        (kernel choices). ``ngroups``, ``d_state``, ``d_conv``, ``repeat_kv_before_conv`` and ``d_ssm`` are
+        dimensions (:meth:`mamba_dims`).
+
+        Raises:
+            ValueError: an unknown ``ssm_cfg`` key, or a value whose effect is not implemented (``D_has_hdim``
+                true, ``rmsnorm`` false, ``bias`` true, ``conv_bias`` false, ``d_ssm`` != d_inner), or a bad
+                ``dt_limit`` (checkpoint-format.md sec. 3.1, 4.5).
+        """
+        cfg = dict(self.ssm_cfg)
+        unknown = sorted(set(cfg) - set(_SSM_CFG_KEYS))
+        if unknown:
+            raise ValueError(f"hybrid config ssm_cfg has unknown key(s) {unknown}; accepted: {list(_SSM_CFG_KEYS)}")
+        for key, released in _SSM_CFG_FIXED.items():
+            if key in cfg and cfg[key] != released:
+                raise ValueError(f"hybrid config ssm_cfg.{key} = {cfg[key]!r} is not supported (only {released!r}, "
+                                 f"the Zebra-Llama / HyLo value, is implemented)")
+        if cfg.get("d_ssm") is not None and int(cfg["d_ssm"]) != self.mamba_dims()["d_inner"]:
+            raise ValueError(f"hybrid config ssm_cfg.d_ssm = {cfg['d_ssm']} must equal d_inner = "
+                             f"{self.mamba_dims()['d_inner']} (Zebra-Llama asserts it; a partial SSM is not supported)")
+        out: dict[str, Any] = {"norm_before_gate": bool(cfg.get("norm_before_gate", False))}
+        if not isinstance(cfg.get("norm_before_gate", False), bool):  # a bad file: ValueError as for every key
+            raise ValueError(  # noqa: TRY004
+                f"hybrid config ssm_cfg.norm_before_gate should be true or false, got {cfg['norm_before_gate']!r}")
+        limit = cfg.get("dt_limit", (0.0, math.inf))
+        if (not isinstance(limit, (list, tuple)) or len(limit) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit)
+                or not 0 <= limit[0] < limit[1]):
+            raise ValueError(f"hybrid config ssm_cfg.dt_limit should be [min, max] with 0 <= min < max, got "
+                             f"{limit!r}")
+        out["dt_limit"] = (float(limit[0]), float(limit[1]))
+        for key in ("dt_min", "dt_max", "dt_init_floor", "conv_init"):
+            if cfg.get(key) is not None:
+                out[key] = float(cfg[key])
+        if cfg.get("A_init_range") is not None:
+            out["A_init_range"] = tuple(float(v) for v in cfg["A_init_range"])
+        return out
+
     def _validate(self) -> None:
         if self.linear_type not in ("gdn", "mamba"):
             raise ValueError(f"hybrid config key 'linear_type' = {self.linear_type!r}; expected 'gdn' or 'mamba'")
@@ -284,6 +374,8 @@ class HybridFields:
                              f"(n_layer = {self.n_layer})")
         if len(set(self.mla_layers)) != len(self.mla_layers):
             raise ValueError(f"hybrid config key 'mla_layers' has duplicates: {self.mla_layers}")
+        if self.layer_rank_list:
+            self._check_layer_rank_list()
         if self.mla_layers:  # MLA fields are placeholders when there are no MLA layers (§3.1).
             div = self.qkv_rank_divisor
             for key in ("kv_lora_rank", "q_lora_rank"):
@@ -296,25 +388,76 @@ class HybridFields:
                                  f"num_key_value_heads = {self.num_key_value_heads}")
             if self.qk_rope_head_dim % 2:
                 raise ValueError(f"qk_rope_head_dim = {self.qk_rope_head_dim} must be even (RoPE pairs)")
+            try:
+                yarn_attention_factor(self.mla_rope_scaling)
+            except ValueError as e:
+                raise ValueError(f"hybrid config key 'rope_scaling': {e}") from None
         if self.linear_type == "mamba" and len(self.mla_layers) < self.n_layer:
             self.mamba_dims()
+            self.mamba_options()
+
+    def _check_layer_rank_list(self) -> None:
+        """Validate ``layer_rank_list``; when every MLA layer ends up with the same ranks, fold them into the
+        top-level ``q_lora_rank`` / ``kv_lora_rank`` and drop the list.
+
+        Raises:
+            ValueError: a key that is not an MLA layer index, or an entry without positive int ``q_rank`` /
+                ``kv_rank``.
+        """
+        for key, entry in self.layer_rank_list.items():
+            if not str(key).isdigit() or int(key) not in self.mla_layers:
+                raise ValueError(f"hybrid config key 'layer_rank_list' has an entry for {key!r}, which is not an MLA "
+                                 f"layer (mla_layers = {self.mla_layers})")
+            ok = isinstance(entry, dict) and all(
+                isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) and entry[k] > 0
+                for k in ("q_rank", "kv_rank"))
+            if not ok:
+                raise ValueError(f"hybrid config key 'layer_rank_list' entry {key!r} = {entry!r}: expected "
+                                 '{"q_rank": <int > 0>, "kv_rank": <int > 0>}')
+        per_layer = {self.mla_ranks(i) for i in self.mla_layers}
+        if len(per_layer) <= 1:
+            if per_layer:
+                self.q_lora_rank, self.kv_lora_rank = per_layer.pop()
+            self.layer_rank_list = {}
+
+    @property
+    def uniform_mla_ranks(self) -> bool:
+        """True when every MLA layer has the top-level ``q_lora_rank`` / ``kv_lora_rank``."""
+        return not self.layer_rank_list
 
     # ---- hybrid_config.json -------------------------------------------------------------------------
     def to_hybrid_dict(self) -> dict[str, Any]:
-        """The ``hybrid_config.json`` content (Zebra-Llama keys + HyLo keys), JSON-serialisable."""
-        out = {k: copy.deepcopy(getattr(self, _ATTR_FOR_KEY.get(k, k))) for k in HYBRID_KEYS}
-        if self.linear_type == "mamba":
-            for k in ("gdn_num_heads", "gdn_head_dim", "gdn_expand_v", "gdn_conv_size", "gdn_norm_eps"):
-                out.pop(k)
-            if len(self.mla_layers) < self.n_layer:  # write the resolved Zebra-Llama Mamba-2 fields (§3.1)
-                m = self.mamba_dims()
-                out.update(d_model=self.hidden_size, d_inner=m["d_inner"], d_xb=m["d_xb"])
-                out["ssm_cfg"] = {"expand": 1, **self.ssm_cfg, "ngroups": m["ngroups"], "d_state": m["d_state"],
-                                  "repeat_kv_before_conv": False}
+        """The ``hybrid_config.json`` content, JSON-serialisable: exactly the fields of Zebra-Llama's
+        ``HybridConfig`` in its order (:data:`ZEBRA_KEYS`), then ``gdn_num_heads`` / ``gdn_head_dim`` for a GDN
+        model, and ``layer_rank_list`` only when MLA layers have different ranks (the legacy key; today's
+        ``HybridConfig`` has none). Our other facts go to ``config.json`` (:meth:`extras_dict`)."""
+        out: dict[str, Any] = {}
+        for k in ZEBRA_KEYS:
+            out[k] = "yarn" if k == "rope_type" else copy.deepcopy(getattr(self, _ATTR_FOR_KEY.get(k, k)))
+        if self.linear_type == "mamba" and len(self.mla_layers) < self.n_layer:
+            m = self.mamba_dims()  # write the resolved Zebra-Llama Mamba-2 fields (§3.1)
+            out.update(d_model=self.hidden_size, d_inner=m["d_inner"], d_xb=m["d_xb"])
+            out["ssm_cfg"] = {"expand": 1, **self.ssm_cfg, "ngroups": m["ngroups"], "d_state": m["d_state"],
+                              "repeat_kv_before_conv": False}
+        if self.linear_type == "gdn":
+            out.update({k: getattr(self, k) for k in HYLO_GDN_KEYS})
+        if self.layer_rank_list:
+            out["layer_rank_list"] = {str(i): dict(zip(("q_rank", "kv_rank"), self.mla_ranks(i)))
+                                      for i in self.mla_layers}
+        return out
+
+    def extras_dict(self) -> dict[str, Any]:
+        """Our facts outside the released schema (:data:`EXTRA_KEYS`), stored in ``config.json`` under
+        :data:`EXTRAS_KEY`: the linear block type, the Qwen3 q/k-norm switch and the GDN constructor values."""
+        out: dict[str, Any] = {"linear_type": self.linear_type, "use_qk_norm": bool(self.use_qk_norm)}
+        if self.linear_type == "gdn":
+            out.update(gdn_expand_v=self.gdn_expand_v, gdn_conv_size=self.gdn_conv_size,
+                       gdn_norm_eps=self.gdn_norm_eps)
         return out
 
     def to_base_dict(self) -> dict[str, Any]:
-        """The ``config.json`` content: the base model's HF config (with the vocab and ids of this model)."""
+        """The ``config.json`` content: the base model's HF config (with the vocab and ids of this model), plus
+        :meth:`extras_dict` under :data:`EXTRAS_KEY`."""
         base = copy.deepcopy(self.base_config) or {
             "model_type": self.base_model_type,
             "architectures": ["LlamaForCausalLM" if self.base_model_type == "llama" else "Qwen3ForCausalLM"],
@@ -328,19 +471,32 @@ class HybridFields:
         for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(self, k, None) is not None:
                 base[k] = getattr(self, k)
+        base[EXTRAS_KEY] = self.extras_dict()
         return base
 
     @classmethod
     def from_dicts(cls, base: dict[str, Any], hybrid: dict[str, Any], source: str = "<memory>"):
         """Build from a base ``config.json`` dict and a ``hybrid_config.json`` dict.
 
-        Tolerates legacy keys (dropped with a warning) and the legacy llama3-typed ``rope_scaling``
-        (checkpoint-format.md §8).
+        Reads the released schema (:data:`ZEBRA_KEYS` + the GDN keys), our extra keys from ``config.json``'s
+        :data:`EXTRAS_KEY` object or, in files written before, from ``hybrid_config.json``; honours a legacy
+        ``layer_rank_list``, drops other legacy keys (unknown ones with a warning) and converts the legacy
+        llama3-typed ``rope_scaling`` (checkpoint-format.md §8).
 
         Raises:
             ValueError: naming ``source`` and the key when a required key is missing or has a wrong type.
         """
         hybrid = dict(hybrid)
+        extras = base.get(EXTRAS_KEY, {})
+        if not isinstance(extras, dict):  # a bad file: ValueError as for every other key
+            raise ValueError(  # noqa: TRY004
+                f"{source}: config.json key {EXTRAS_KEY!r} should be an object with hylo-bench's keys "
+                f"{list(EXTRA_KEYS)}, got {type(extras).__name__}")
+        for k in EXTRA_KEYS:  # hybrid_config.json wins: files we wrote before kept these keys there
+            if k in extras and k not in hybrid:
+                hybrid[k] = extras[k]
+        if hybrid.get("layer_rank_list") == []:  # some legacy files write an empty list
+            hybrid["layer_rank_list"] = {}
         required = ["hidden_size", "n_layer", "mla_layers", "intermediate_size"]
         if hybrid.get("mla_layers"):
             required += MLA_REQUIRED_KEYS
@@ -386,7 +542,7 @@ class HybridFields:
             base_model_type=base_type,
             base_num_key_value_heads=base.get("num_key_value_heads", n_heads),
             base_head_dim=base.get("head_dim") or base.get("hidden_size", hybrid["hidden_size"]) // n_heads,
-            base_config=base,
+            base_config={k: v for k, v in base.items() if k != EXTRAS_KEY},
             bos_token_id=base.get("bos_token_id"),
             eos_token_id=base.get("eos_token_id"),
             pad_token_id=base.get("pad_token_id"),
@@ -447,6 +603,83 @@ class HybridSpec(HybridFields):
         from hylo_bench.models.config import HyLoConfig
 
         return HyLoConfig.from_dicts(self.to_base_dict(), self.to_hybrid_dict())
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """YaRN attention scale ``0.1 * mscale * ln(scale) + 1`` (1 for scale <= 1).
+
+    Source: DeepSeek-V2 / Zebra-Llama ``yarn_get_mscale``, transformers ``_compute_yarn_parameters.get_mscale``.
+    """
+    if scale <= 1.0:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _scaling_active(rs: dict | None) -> bool:
+    return bool(rs) and rs.get("rope_type", rs.get("type", "yarn")) not in ("default", "none")
+
+
+def yarn_attention_factor(rs: dict | None) -> float:
+    """The cos/sin multiplier of the MLA rope dims for a ``rope_scaling`` dict (1.0 without YaRN).
+
+    transformers ``_compute_yarn_parameters``: an explicit ``attention_factor`` wins; else, with both ``mscale``
+    and ``mscale_all_dim`` set, ``yarn_get_mscale(F, mscale) / yarn_get_mscale(F, mscale_all_dim)``; else
+    ``yarn_get_mscale(F)``. Zebra-Llama's ``DeepseekV3YarnRotaryEmbedding`` always takes the ratio (defaults
+    mscale 1, mscale_all_dim 0) and ignores ``attention_factor``; the two agree on every config that sets both
+    keys or neither (all released ones set neither: 0.1 ln F + 1).
+
+    Raises:
+        ValueError: when only one of ``mscale`` / ``mscale_all_dim`` is set and the two references give
+            different multipliers (set both, or an explicit ``attention_factor``); a non-positive
+            ``attention_factor``; ``truncate: false`` (transformers only; Zebra-Llama always truncates).
+    """
+    if not _scaling_active(rs):
+        return 1.0
+    assert rs is not None
+    if rs.get("truncate", True) is not True:
+        raise ValueError("rope_scaling.truncate = false is not supported: Zebra-Llama's YaRN always floors / ceils "
+                         "the correction range (transformers' default, truncate = true)")
+    if rs.get("rope_type", rs.get("type", "yarn")) != "yarn":
+        return 1.0
+    if rs.get("attention_factor") is not None:
+        factor_attn = rs["attention_factor"]
+        if isinstance(factor_attn, bool) or not isinstance(factor_attn, (int, float)) or not factor_attn > 0:
+            raise ValueError(f"rope_scaling.attention_factor = {factor_attn!r}: expected a number > 0")
+        return float(factor_attn)
+    factor = float(rs.get("factor", 1.0))
+    mscale, mscale_all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+    transformers_value = yarn_get_mscale(factor)
+    zebra_value = yarn_get_mscale(factor, 1.0 if mscale is None else mscale) / yarn_get_mscale(
+        factor, mscale_all_dim or 0.0)
+    if abs(transformers_value - zebra_value) > 1e-12 * transformers_value:
+        raise ValueError(
+            f"rope_scaling sets mscale = {mscale!r} and mscale_all_dim = {mscale_all_dim!r}: with only one of them "
+            f"set, transformers' _compute_yarn_parameters scales cos/sin by {transformers_value:.6g} and Zebra-Llama's "
+            f"DeepseekV3YarnRotaryEmbedding by {zebra_value:.6g}; set both keys (DeepSeek style) or an explicit "
+            f"attention_factor")
+    return transformers_value
+
+
+def mla_softmax_mscale2(rs: dict | None) -> float:
+    """The softmax-scale multiplier ``yarn_get_mscale(F, mscale_all_dim) ** 2`` of a scaling dict that sets a
+    non-zero ``mscale_all_dim`` (transformers DeepseekV3 ``yarn_apply_mscale``; Zebra-Llama
+    ``DeepseekV3Attention.__init__``), else 1. Released HyLo configs set no ``mscale_all_dim``: 1."""
+    if not _scaling_active(rs):
+        return 1.0
+    assert rs is not None
+    mscale_all_dim = rs.get("mscale_all_dim", 0)
+    if not mscale_all_dim:
+        return 1.0
+    m = yarn_get_mscale(float(rs.get("factor", 1.0)), mscale_all_dim)
+    return m * m
+
+
+def mla_softmax_scale(qk_head_dim: int, rs: dict | None) -> float:
+    """MLA softmax scale ``d_qk ** -0.5 * mla_softmax_mscale2(rs)`` (DeepseekV3's rule; 1/sqrt(d_qk) for every
+    released config)."""
+    return qk_head_dim ** -0.5 * mla_softmax_mscale2(rs)
 
 
 def normalize_rope_scaling(rs: dict | None) -> dict | None:

@@ -52,7 +52,10 @@ def mla_latent_width(cfg) -> int:
 
 
 def kv_cache_bytes_per_token(cfg, dtype_bytes: int = BF16_BYTES) -> int:
-    """Hybrid KV cache, bytes per token over the whole model: #MLA x (r_kv + d_R) x dtype (§6)."""
+    """Hybrid KV cache, bytes per token over the whole model: #MLA x (r_kv + d_R) x dtype (§6); summed per layer
+    when a legacy ``layer_rank_list`` gives the MLA layers different r_kv."""
+    if getattr(cfg, "layer_rank_list", None):
+        return sum(cfg.mla_ranks(i)[1] + cfg.qk_rope_head_dim for i in cfg.mla_layers) * dtype_bytes
     return len(cfg.mla_layers) * mla_latent_width(cfg) * dtype_bytes
 
 

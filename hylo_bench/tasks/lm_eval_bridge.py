@@ -48,7 +48,10 @@ _KNOWN_YAMLS = {
     "winogrande": "winogrande/default.yaml", "gsm8k": "gsm8k/gsm8k.yaml",
 }
 _SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
-DEFAULT_MAX_LENGTH = 8192
+DEFAULT_MAX_LENGTH = None
+"""``max_length`` default: None = the model's own context, resolved as lm-eval's ``hf`` model does
+(``lm_eval.models.utils.resolve_max_length``: the config's ``max_position_embeddings`` / ``n_positions`` /
+``n_ctx``, then the tokenizer's ``model_max_length``, then 2048)."""
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
 
@@ -84,8 +87,9 @@ class HyLoLM(HFLM):
         dtype: ``auto`` (bf16 on GPU, fp32 on CPU) or a dtype name. Ignored for a built module.
         batch_size: requests per forward (int) or ``auto`` / ``auto:N`` (probes with ``max_length`` tokens).
         max_batch_size: upper bound for ``auto``.
-        max_length: context window in tokens; longer requests are left-truncated by HFLM. Default 8192: the
-            fallback chain of HFLM would otherwise pick the tokenizer's ``model_max_length`` (131072 for Llama-3).
+        max_length: context window in tokens; longer requests are left-truncated by HFLM (and
+            ``loglikelihood_rolling`` windows are this long). Default None: the model's own context, as lm-eval's
+            ``hf`` model takes it (``max_position_embeddings`` of the model's config).
         max_gen_toks: generation budget in tokens when a task does not set one (HFLM default 256).
         add_bos_token: prepend BOS (None = the tokenizer's default: Llama-3 adds it, Qwen3 has none).
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
@@ -102,7 +106,8 @@ class HyLoLM(HFLM):
 
     def __init__(self, pretrained: Any = "demo", tokenizer: Any = None, *, device: str | None = None,
                  dtype: str | torch.dtype | None = None, batch_size: int | str = 1, max_batch_size: int = 64,
-                 max_length: int = DEFAULT_MAX_LENGTH, max_gen_toks: int = 256, add_bos_token: bool | None = None,
+                 max_length: int | None = DEFAULT_MAX_LENGTH, max_gen_toks: int = 256,
+                 add_bos_token: bool | None = None,
                  engine: str = "auto", **kwargs: Any) -> None:
         from hylo_bench.models.loading import layout_name, load_model
         from hylo_bench.tasks.ruler.decoding import ENGINES
@@ -128,7 +133,8 @@ class HyLoLM(HFLM):
         self.model_info = info
         self._max_gen_toks = int(max_gen_toks)
         super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                         max_batch_size=int(max_batch_size), max_length=int(max_length), add_bos_token=add_bos_token,
+                         max_batch_size=int(max_batch_size),
+                         max_length=None if max_length is None else int(max_length), add_bos_token=add_bos_token,
                          **kwargs)
         from hylo_bench.tasks.ruler.decoding import resolve_engine
 
@@ -138,6 +144,49 @@ class HyLoLM(HFLM):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # data parallel: lm-eval shards the requests by rank and gathers the results on rank 0
             self._rank, self._world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context tokens, continuation tokens) of a log-likelihood request, split at a token boundary.
+
+        As lm-eval's causal ``_encode_pair``: trailing spaces of the context move to the continuation and the
+        whole text is encoded once (``tok_encode``: BOS as configured). The split is then taken from the
+        tokenizer's character offsets: the context keeps the tokens that end at or before the context's last
+        character, the continuation gets the rest, including a token that straddles the boundary ("hello wor" +
+        "ld" scores the token " world"). Where the context alone tokenizes as a prefix of the whole (nearly every
+        request) this is exactly lm-eval's split; lm-eval instead takes as many tokens as the context alone has,
+        which for a split inside a token leaves the continuation empty (a bare AssertionError, or a choice that
+        cannot win in a multiple-choice task). A context left without tokens (the boundary inside the first
+        token, no BOS) gets lm-eval's ``prefix_token_id``.
+
+        Raises:
+            ValueError: an empty continuation, or a split inside a token with a tokenizer that gives no offsets
+                (a slow tokenizer): lm-eval's split would score nothing there.
+        """
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces > 0:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        if not continuation:
+            raise ValueError(f"lm-eval request with an empty continuation (context ends {context[-40:]!r})")
+        whole = self.tok_encode(context + continuation)
+        try:
+            enc = self.tokenizer(context + continuation, add_special_tokens=False, return_offsets_mapping=True)
+            plain, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        except (NotImplementedError, KeyError):  # slow tokenizers have no offsets
+            plain, offsets = None, None
+        lead = len(whole) - len(plain) if plain is not None else -1
+        if plain is None or lead < 0 or whole[lead:] != plain:
+            context_enc = self.tok_encode(context)
+            if whole[len(context_enc):] and whole[:len(context_enc)] == context_enc:
+                return context_enc, whole[len(context_enc):]
+            raise ValueError(f"cannot split {context[-30:]!r} + {continuation[:30]!r} at a token boundary: the "
+                             "split falls inside a token and this tokenizer gives no character offsets")
+        boundary = len(context)
+        k = next((i for i, (_, end) in enumerate(offsets) if end > boundary), len(plain))
+        context_enc, continuation_enc = whole[: lead + k], whole[lead + k:]
+        if not context_enc:
+            context_enc = [self.prefix_token_id]
+        return context_enc, continuation_enc
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate ``tensor`` (a 0-d count or [n]) over the ranks along dim 0, on CPU through the process
@@ -244,7 +293,7 @@ class EvalConfig:
         limit: first N docs per task (int) or a fraction (float < 1); None = all.
         batch_size: int or ``auto`` / ``auto:N``.
         max_batch_size: upper bound for ``auto``.
-        max_length: context window in tokens (see ``HyLoLM``).
+        max_length: context window in tokens; None = the model's own (see ``HyLoLM``).
         data_dir: read ``DATA_DIR/<task>/<split>.jsonl`` instead of the Hub (offline machines).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         dtype: ``auto`` or a dtype name.
@@ -264,7 +313,7 @@ class EvalConfig:
     limit: int | float | None = None
     batch_size: int | str = 1
     max_batch_size: int = 64
-    max_length: int = DEFAULT_MAX_LENGTH
+    max_length: int | None = DEFAULT_MAX_LENGTH
     data_dir: str | Path | None = None
     device: str | None = None
     dtype: str = "auto"
@@ -292,7 +341,7 @@ class EvalConfig:
         bs = str(self.batch_size)
         if not (bs.isdigit() and int(bs) >= 1) and not re.fullmatch(r"auto(:\d+(\.\d+)?)?", bs):
             raise ValueError(f"batch_size: expected a positive int, 'auto' or 'auto:N', got {self.batch_size!r}")
-        if self.max_length < 16:
+        if self.max_length is not None and self.max_length < 16:
             raise ValueError(f"max_length: expected >= 16 tokens, got {self.max_length}")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ValueError(f"data_dir: {str(self.data_dir)!r} is not a directory; expected DIR/<task>/<split>.jsonl")
@@ -434,7 +483,7 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
     out = Path(cfg.output_dir)
     tracker = EvaluationTracker(output_path=str(out / "lm-eval"))
     # the model's name as `hylo-bench ruler` stores it ("demo-teacher" for demo), so the store matches the runs
-    model_args = f"pretrained={lm.model_info['name']},dtype={cfg.dtype},max_length={cfg.max_length}"
+    model_args = f"pretrained={lm.model_info['name']},dtype={cfg.dtype},max_length={lm.max_length}"
     tracker.general_config_tracker.log_experiment_args(model_source="hylo", model_args=model_args,
                                                        system_instruction=None, chat_template=None,
                                                        fewshot_as_multiturn=False)

@@ -172,7 +172,8 @@ def test_chat_template_prompts(tmp_path):
     tok.chat_template = "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
     s = generate_sample("niah_single_1", tok, 1024, 0, 42, chat_template=True)
     assert s["prompt"].startswith("<s>[user] A special magic number is hidden")
-    assert s["prompt"].endswith("provided text?\n[assistant] " + s["gen_prefix"])
+    # NVIDIA appends its answer prefix (" The special ...") to the template, here one that ends in a space
+    assert s["prompt"].endswith("provided text?\n[assistant]  " + s["gen_prefix"])
     assert s["prompt_tokens"] == len(tok(s["prompt"], add_special_tokens=False).input_ids)
     assert 0.95 * 1024 <= s["prompt_tokens"] + 128 <= 1024
     cfg = _cfg(tmp_path, tasks=["niah_single_1"], chat_template=True)

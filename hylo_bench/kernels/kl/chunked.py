@@ -65,7 +65,8 @@ def _chunked_kl_forward(
         logp_s_CV = torch.log_softmax(_mm(x_s_CH, w_s_VH.t(), acc).div_(temperature), dim=-1)
         logp_t_CV = torch.log_softmax(_mm(x_t_NHt[start:end], w_t_VHt.t(), acc).div_(temperature), dim=-1)
         p_t_CV = logp_t_CV.exp()
-        row_kl_C = logp_t_CV.sub_(logp_s_CV).mul_(p_t_CV).sum(dim=-1)
+        # 0 * log 0 = 0: a teacher -inf logit (p_t = 0) adds nothing (the product alone would be 0 * -inf = NaN)
+        row_kl_C = logp_t_CV.sub_(logp_s_CV).mul_(p_t_CV).masked_fill_(p_t_CV == 0, 0.0).sum(dim=-1)
         del logp_t_CV
         loss += torch.where(m_C1[:, 0], row_kl_C, torch.zeros_like(row_kl_C)).sum()
         if not (need_dx or need_dw):

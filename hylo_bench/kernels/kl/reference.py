@@ -24,7 +24,10 @@ def kl_div_reference(
     With p = softmax(z / T), the loss is ``T**2 / n_valid * sum_rows sum_v p_t * (log p_t - log p_s)`` over the
     rows whose label is not ``ignore_index`` (all rows when ``labels`` is None). The T**2 factor (Hinton et al.)
     keeps gradient magnitudes independent of T; at the recipe's T = 1 it is moot. Liger's
-    ``LigerFusedLinearJSD`` omits it. With no valid row the loss is 0 (and so are the gradients).
+    ``LigerFusedLinearJSD`` omits it. With no valid row the loss is 0 (and so are the gradients). A teacher
+    probability of 0 (a ``-inf`` logit) contributes 0 (0 * log 0 = 0, as ``torch.nn.functional.kl_div`` and
+    ``scipy.special.rel_entr`` define it); rows whose label is ``ignore_index`` may hold anything (``-inf``,
+    NaN): they give zero loss and zero gradients.
 
     Math runs in float32 (float64 for float64 inputs); the whole [N, V] softmax is materialised, so keep N*V
     small. Autograd flows to both inputs; detach the teacher yourself if needed.
@@ -64,9 +67,20 @@ def kl_div_reference(
                 f"labels: expected shape {list(student_logits.shape[:-1])}, got {list(labels.shape)}"
             )
         mask_N = (labels.reshape(-1) != ignore_index).to(z_s_NV.device)
+    # Rows that do not count are replaced by zeros *before* the softmax, so whatever they hold (-inf, NaN) reaches
+    # neither the loss nor, through the backward of a masked-out branch, the gradients.
+    keep_N1 = mask_N[:, None]
+    z_s_NV = torch.where(keep_N1, z_s_NV, torch.zeros_like(z_s_NV))
+    z_t_NV = torch.where(keep_N1, z_t_NV, torch.zeros_like(z_t_NV))
     logp_s_NV = torch.log_softmax(z_s_NV, dim=-1)
     logp_t_NV = torch.log_softmax(z_t_NV, dim=-1)
-    row_kl_N = (logp_t_NV.exp() * (logp_t_NV - logp_s_NV)).sum(dim=-1)
+    p_t_NV = logp_t_NV.exp()
+    # 0 * log 0 = 0: a teacher token with p_t = 0 (a -inf logit) contributes nothing. Both where()s are needed so
+    # that the backward of the discarded branch never multiplies 0 by -inf.
+    support_NV = p_t_NV > 0
+    safe_logp_t_NV = torch.where(support_NV, logp_t_NV, torch.zeros_like(logp_t_NV))
+    terms_NV = torch.where(support_NV, p_t_NV * (safe_logp_t_NV - logp_s_NV), torch.zeros_like(p_t_NV))
+    row_kl_N = terms_NV.sum(dim=-1)
     n_valid = int(mask_N.sum())
     total = torch.where(mask_N, row_kl_N, torch.zeros_like(row_kl_N)).sum()
     return total * (temperature**2 / max(n_valid, 1))

@@ -51,14 +51,18 @@ def vllm_config_dict(spec) -> dict[str, Any]:
     Raises:
         ValueError: for layouts the plugin cannot serve: Qwen3 q/k norms inside MLA (they act on the
             decompressed key, which the absorbed MLA decode never forms; checkpoint-format.md sec. 4.3 (d)),
-            attention biases, a linear type other than ``gdn`` / ``mamba``, or Mamba-2 dims that break
-            ``HybridSpec.mamba_dims``' rules.
+            attention biases, a linear type other than ``gdn`` / ``mamba``, Mamba-2 dims that break
+            ``HybridSpec.mamba_dims``' rules, a YaRN ``attention_factor``, or Mamba-2 ``ssm_cfg`` options
+            vLLM's ``MambaMixer2`` does not have (``norm_before_gate``, ``dt_limit``).
     """
     if spec.linear_type not in ("gdn", "mamba") and len(spec.mla_layers) < spec.n_layer:
         raise ValueError(f"linear_type {spec.linear_type!r}: the vLLM plugin serves MLA + GDN / Mamba-2 hybrids")
     if spec.mla_layers and spec.use_qk_norm:
         raise ValueError("use_qk_norm = true (Qwen3 q/k norms in MLA layers) cannot be served by vLLM's MLA: "
                          "the norm acts on the decompressed key, which the absorbed decode never forms")
+    if spec.mla_layers and getattr(spec, "layer_rank_list", None):
+        raise ValueError("layer_rank_list gives the MLA layers different ranks; vLLM's DeepSeek-V2 sizing has one "
+                         "kv_lora_rank / q_lora_rank for all layers")
     if spec.mla_layers and spec.attention_bias:
         raise ValueError("attention_bias = true is not supported by the vLLM plugin (no released layout uses it)")
     types = spec.mixer_types
@@ -67,6 +71,10 @@ def vllm_config_dict(spec) -> dict[str, Any]:
         raise ValueError(f"gdn_expand_v = {spec.gdn_expand_v}: the vLLM plugin needs a whole number (the value "
                          "head is served as expand_v heads of the key head dim)")
     rope_scaling = spec.mla_rope_scaling
+    if spec.mla_layers and rope_scaling and rope_scaling.get("attention_factor") is not None:
+        raise ValueError("rope_scaling.attention_factor is not mapped to vLLM's deepseek_yarn rotary embedding (it "
+                         "takes the cos/sin scale from mscale / mscale_all_dim only); remove it or serve with "
+                         "hylo-bench's own engine")
     cfg: dict[str, Any] = {
         "architectures": ["HyLoForCausalLM"],
         "model_type": "deepseek_v2",
@@ -114,6 +122,11 @@ def vllm_config_dict(spec) -> dict[str, Any]:
         # vLLM MambaMixer2 sizes: HyLo's H heads of N dims with n_groups = H (C is per head; x / B of width
         # d_xb are repeated to H heads at load), so vLLM's gated-norm group (E / n_groups = N) is HyLo's.
         m = spec.mamba_dims()
+        opts = spec.mamba_options()
+        if opts["norm_before_gate"] or opts["dt_limit"] != (0.0, float("inf")):
+            raise ValueError(f"ssm_cfg norm_before_gate = {opts['norm_before_gate']}, dt_limit = {opts['dt_limit']}: "
+                             "vLLM's MambaMixer2 gates before its norm and does not clamp dt; the plugin serves "
+                             "only the Zebra-Llama defaults (false, [0, inf])")
         cfg.update({
             "mamba_num_heads": m["ngroups"], "mamba_head_dim": m["d_state"], "ssm_state_size": m["d_state"],
             "n_groups": m["ngroups"], "conv_kernel": m["d_conv"], "chunk_size": MAMBA_CHUNK_SIZE,

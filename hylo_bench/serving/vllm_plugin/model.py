@@ -66,6 +66,7 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaMLP
 from vllm.sequence import IntermediateTensors
 
+from hylo_bench.models.spec import LATENT_NORM_EPS, mla_softmax_scale
 from hylo_bench.serving.vllm_plugin import fix_cpu_kv_block_zeroing
 
 _NON_MIXER = {"mlp", "input_layernorm", "post_attention_layernorm"}
@@ -99,8 +100,9 @@ def _mla_rope_parameters(config) -> dict:
 class HyLoMLA(nn.Module):
     """HyLo MLA mixer: HyLo projections + vLLM ``MLAAttention`` (latent KV cache, absorbed decode).
 
-    Softmax scale 1/sqrt(N + R) (no YaRN mscale^2 factor, unlike DeepSeek-V2: HyLo puts mscale on cos/sin
-    only, :mod:`hylo_bench.models.rope`).
+    Softmax scale :func:`hylo_bench.models.spec.mla_softmax_scale`: 1/sqrt(N + R), times yarn_mscale(F,
+    mscale_all_dim)^2 only when the YaRN dict sets ``mscale_all_dim`` (no released config does). Latent norms
+    (``use_lora_layer_norm``) use eps 1e-6 as Zebra-Llama's ``DeepseekV3RMSNorm``.
     """
 
     def __init__(self, config, vllm_config: VllmConfig, prefix: str) -> None:
@@ -119,12 +121,12 @@ class HyLoMLA(nn.Module):
         else:
             self.q_a_proj = ReplicatedLinear(D, self.q_rank, bias=False, quant_config=qc,
                                              prefix=f"{prefix}.q_a_proj")
-            self.q_a_layernorm = RMSNorm(self.q_rank, eps=c.rms_norm_eps) if use_norm else None
+            self.q_a_layernorm = RMSNorm(self.q_rank, eps=LATENT_NORM_EPS) if use_norm else None
             self.q_b_proj = ColumnParallelLinear(self.q_rank, H * self.qk_dim, bias=False, quant_config=qc,
                                                  prefix=f"{prefix}.q_b_proj")
         self.kv_a_proj_with_mqa = ReplicatedLinear(D, self.kv_rank + self.rope, bias=False, quant_config=qc,
                                                    prefix=f"{prefix}.kv_a_proj_with_mqa")
-        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=c.rms_norm_eps) if use_norm else None
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=LATENT_NORM_EPS) if use_norm else None
         self.kv_b_proj = ColumnParallelLinear(self.kv_rank, H * (self.nope + self.v_dim), bias=False,
                                               quant_config=qc, prefix=f"{prefix}.kv_b_proj")
         self.out_proj = RowParallelLinear(H * self.v_dim, D, bias=False, quant_config=qc,
@@ -132,7 +134,7 @@ class HyLoMLA(nn.Module):
         self.rotary_emb = get_rope(self.rope, max_position=c.max_position_embeddings, is_neox_style=False,
                                    rope_parameters=_mla_rope_parameters(c))
         self.mla_attn = MLAAttention(
-            num_heads=self.num_heads, scale=self.qk_dim ** -0.5, qk_nope_head_dim=self.nope,
+            num_heads=self.num_heads, scale=mla_softmax_scale(self.qk_dim, getattr(c, "hylo_mla_rope_scaling", None)), qk_nope_head_dim=self.nope,
             qk_rope_head_dim=self.rope, v_head_dim=self.v_dim, q_lora_rank=self.q_rank,
             kv_lora_rank=self.kv_rank, kv_b_proj=self.kv_b_proj, cache_config=vllm_config.cache_config,
             quant_config=qc, prefix=f"{prefix}.attn")

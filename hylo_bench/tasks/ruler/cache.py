@@ -17,8 +17,9 @@ from hylo_bench.io_utils import atomic_write_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa
 from hylo_bench.tasks.ruler.sampling import generate_sample
 
-GENERATOR_VERSION = 2
-"""Bump when generation changes, so stale caches are not reused (2: flavors, QA tasks)."""
+GENERATOR_VERSION = 3
+"""Bump when generation changes, so stale caches are not reused (2: flavors, QA tasks; 3: nvidia flavor as
+NVIDIA/RULER: CWE example space and Random(42) list order, FWE vocabulary, chat prefix space, BOS-free sizing)."""
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
@@ -110,7 +111,7 @@ def load_or_generate(
     for index in range(len(samples), num_samples):
         samples.append(
             generate_sample(task, tokenizer, length_tokens, index, seed, haystack_text, chat_template=chat_template,
-                            flavor=flavor, qa_path=qa_path)
+                            flavor=flavor, qa_path=qa_path, num_samples=num_samples)
         )
         if on_sample is not None:
             on_sample()

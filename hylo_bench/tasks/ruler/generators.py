@@ -63,6 +63,8 @@ CWE_NUM_COMMON = 10
 FWE_ALPHA = 2.0
 FWE_ZETA = math.pi**2 / 6  # scipy.special.zeta(2.0), bit-identical
 FWE_CODED_WORD_LEN = 6
+FWE_TOKENS_TO_GENERATE = 50
+"""NVIDIA/RULER's FWE ``tokens_to_generate`` (= the task's ``max_gen_toks``), subtracted before the vocabulary size."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -251,11 +253,16 @@ def build_vt(rng: random.Random, num_units: int, ctx: BuildContext, num_hops: in
     return Built(input=text[:cut], outputs=names, gen_prefix=prefix, extra={})
 
 
-def _cwe_list(rng: random.Random, num_words: int, common_repeats: int, uncommon_repeats: int) -> tuple[str, list]:
+def _cwe_list(rng: random.Random, num_words: int, common_repeats: int, uncommon_repeats: int,
+              flavor: str = "nvidia") -> tuple[str, list]:
+    """A numbered CWE word list and its 10 common words. The words come from ``rng``; the list order from a fresh
+    ``Random(42)`` for nvidia (``common_words_extraction.get_example``: the common words sit at the same positions
+    in every list of one length) and from ``rng`` for lm-eval (whose module-level ``RNG`` carries state across
+    calls; docs/ruler.md row 17)."""
     full = rng.sample(cwe_words(), num_words)
     common, uncommon = full[:CWE_NUM_COMMON], full[CWE_NUM_COMMON:]
     word_list = common * common_repeats + uncommon * uncommon_repeats
-    rng.shuffle(word_list)
+    (random.Random(42) if flavor == "nvidia" else rng).shuffle(word_list)
     return " ".join(f"{i + 1}. {word}" for i, word in enumerate(word_list)), common
 
 
@@ -266,13 +273,16 @@ def cwe_repeats(length_tokens: int) -> tuple[int, int]:
 
 def build_cwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
     """Common-words sample (ruler.md section 3.3). lm-eval keeps ``input_example`` as a field, not in the prompt;
-    nvidia puts it first: ``input = input_example + "\\n" + list prompt``."""
+    nvidia puts it first: ``input = input_example + "\\n" + list prompt``. The example's answer follows the
+    answer prefix after one space in nvidia (``template.format(...) + ' ' + answers``), directly in lm-eval
+    (``cwe_utils.generate_input_output``)."""
     if ctx.length_tokens < 4096:
-        example, example_answer = _cwe_list(rng, 20, 3, 1)
+        example, example_answer = _cwe_list(rng, 20, 3, 1, ctx.flavor)
     else:
-        example, example_answer = _cwe_list(rng, 40, 10, 3)
-    context, answer = _cwe_list(rng, num_units, *cwe_repeats(ctx.length_tokens))
-    input_example = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=example) + " ".join(
+        example, example_answer = _cwe_list(rng, 40, 10, 3, ctx.flavor)
+    context, answer = _cwe_list(rng, num_units, *cwe_repeats(ctx.length_tokens), ctx.flavor)
+    answer_sep = " " if ctx.flavor == "nvidia" else ""
+    input_example = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=example) + answer_sep + " ".join(
         f"{i + 1}. {word}" for i, word in enumerate(example_answer)
     )
     text = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=context)
@@ -288,9 +298,16 @@ def fwe_counts(num_words: int, vocab_size: int) -> list[int]:
     return [int(num_words * (k**-FWE_ALPHA) / FWE_ZETA) for k in range(1, vocab_size + 1)]
 
 
+def fwe_vocab_size(length_tokens: int, flavor: str = "nvidia") -> int:
+    """FWE vocabulary size: ``(L - 50) // 50`` for nvidia (``freq_words_extraction.sys_kwext`` subtracts the 50
+    tokens to generate first), ``L // 50`` for lm-eval (``fwe_utils.sys_kwext``). 80 / 81 at 4096."""
+    return (length_tokens - FWE_TOKENS_TO_GENERATE) // 50 if flavor == "nvidia" else length_tokens // 50
+
+
 def build_fwe(rng: random.Random, num_units: int, ctx: BuildContext) -> Built:
-    """Frequent-words sample: vocabulary of L // 50 coded words, rank 1 = ``...`` (ruler.md section 3.4)."""
-    vocab_size = ctx.length_tokens // 50
+    """Frequent-words sample: vocabulary of :func:`fwe_vocab_size` coded words, rank 1 = ``...`` (ruler.md
+    section 3.4)."""
+    vocab_size = fwe_vocab_size(ctx.length_tokens, ctx.flavor)
     vocab = ["".join(rng.choices(string.ascii_lowercase, k=FWE_CODED_WORD_LEN)) for _ in range(vocab_size)]
     while len(set(vocab)) < vocab_size:
         vocab.append("".join(rng.choices(string.ascii_lowercase, k=FWE_CODED_WORD_LEN)))

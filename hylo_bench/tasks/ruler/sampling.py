@@ -1,7 +1,8 @@
 """RULER sample generation: per-sample seeding, prompt assembly and haystack sizing to a token budget.
 
-Sizing rule (hylo-bench): ``prompt_tokens + max_gen_toks <= length_tokens``, with ``prompt_tokens`` counted by
-the model's own tokenizer on the exact prompt fed to the model, and the haystack as large as that allows.
+Sizing rule (hylo-bench): ``tokens + max_gen_toks <= length_tokens``, with ``tokens`` counted by the model's own
+tokenizer on the exact prompt fed to the model (:func:`sizing_tokens`: for the nvidia flavor without the BOS the
+tokenizer adds, as NVIDIA/RULER counts), and the haystack as large as that allows.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ def render_prompt(task: RulerTask, input_text: str, gen_prefix: str, tokenizer: 
     ``flavor="nvidia"`` always joins with one space (the original appends its answer prefix, which starts with a
     space); lm-eval uses the task's ``target_delimiter`` (``"\\n\\n"`` for CWE). With ``chat_template``,
     ``input`` is the user turn (``apply_chat_template(..., add_generation_prompt=True)``) and ``gen_prefix`` is
-    appended to the open assistant turn, which the model continues.
+    appended to the open assistant turn, which the model continues: after the answer prefix's leading space for
+    nvidia (``prepare.py``: ``model_template.format(task_template=...) + answer_prefix``), directly for lm-eval.
     """
     if chat_template:
         messages = [{"role": "user", "content": input_text}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + gen_prefix
+        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return head + (" " if flavor == "nvidia" and not gen_prefix[:1].isspace() else "") + gen_prefix
     delimiter = " " if flavor == "nvidia" else task.target_delimiter
     if input_text[-1:].isspace() or gen_prefix[:1].isspace():
         delimiter = ""
@@ -64,6 +67,19 @@ def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]
     """Token ids of a rendered prompt: the HF default call (special tokens added) unless the chat template
     already rendered them."""
     return list(tokenizer(prompt, add_special_tokens=not chat_template).input_ids)
+
+
+def sizing_tokens(tokenizer: Any, prompt: str, chat_template: bool, flavor: str) -> int:
+    """Tokens a prompt counts for the haystack sizing.
+
+    nvidia: ``len(tokenizer.tokenize(text))`` as NVIDIA/RULER's ``HFTokenizer.text_to_tokens`` counts, i.e. without
+    the special tokens the tokenizer adds (BOS); a chat-rendered prompt's own special tokens are text and count.
+    lm-eval: ``len(tokenizer(text).input_ids)`` (BOS counted), as its generators do; this is also what is fed to
+    the model (:func:`encode_prompt`).
+    """
+    if flavor == "nvidia":
+        return len(tokenizer(prompt, add_special_tokens=False).input_ids)
+    return len(encode_prompt(tokenizer, prompt, chat_template))
 
 
 def largest_fitting(
@@ -145,16 +161,16 @@ def _vt_example(tokenizer: Any, length_tokens: int, seed: int, flavor: str = "nv
     lm-eval: sized as ``vt_utils.sys_vartrack_w_noise_random(max_seq_length=500, incremental=5)`` (grow by 5
     noise lines while ``tokens(text + " " + str(names)) + 30 < 500``, step back once, then shrink until
     ``tokens(text) + 30 <= 500``), ends ``"\\n\\n"``. nvidia: the largest noise count >= 5 with
-    ``tokens(text) <= 500`` (the original's binary search with nothing reserved for generation), value ``12345``,
-    ends ``"\\n"``.
+    ``tokens(text) <= 500`` without BOS (the original's binary search with nothing reserved for generation),
+    value ``12345``, ends ``"\\n"``.
     """
     example_seed = sample_seed(seed, "ruler_vt/example", length_tokens, 0)
 
     def make(num_noises: int) -> tuple[str, list[str]]:
         return vt_text(random.Random(example_seed), num_noises, num_hops=4, is_icl=True, flavor=flavor)
 
-    def count(text: str) -> int:
-        return len(tokenizer(text).input_ids)
+    def count(text: str) -> int:  # NVIDIA counts text_to_tokens (no BOS), lm-eval tokenizer(text) (BOS counted)
+        return len(tokenizer(text, add_special_tokens=flavor != "nvidia").input_ids)
 
     if flavor == "nvidia":
         n = largest_fitting(lambda k: count(make(k)[0]), budget=VT_EXAMPLE_BUDGET_TOKENS, n_min=5,
@@ -209,7 +225,7 @@ def _fit(
     def make(n: int, c: BuildContext) -> tuple[Built, str, int]:
         built = build(task, random.Random(seed_int), n, c)
         prompt = render_prompt(task, built.input, built.gen_prefix, tokenizer, chat_template, c.flavor)
-        return built, prompt, len(encode_prompt(tokenizer, prompt, chat_template))
+        return built, prompt, sizing_tokens(tokenizer, prompt, chat_template, c.flavor)
 
     def measure(n: int) -> int:
         if n not in memo:
@@ -220,11 +236,10 @@ def _fit(
     budget = length_tokens - task.max_gen_toks
     try:
         n = largest_fitting(measure, budget=budget, n_min=n_min, n_max=n_max, n_start=n_start, tol_tokens=tol_tokens)
-    except PromptTooLongError as err:
-        need = memo[n_min][2] + task.max_gen_toks
+    except PromptTooLongError as err:  # the caller adds the smallest length that fits (minimum_length)
         raise PromptTooLongError(
             f"length_tokens={length_tokens} is too small for RULER task {task.name!r}: its smallest prompt is "
-            f"{memo[n_min][2]} tokens + max_gen_toks={task.max_gen_toks}; use a length >= {need}"
+            f"{memo[n_min][2]} tokens + max_gen_toks={task.max_gen_toks}"
         ) from err
     slope = (memo[n][2] - memo[n_min][2]) / (n - n_min) if n > n_min else 1.0
     best = memo[n]
@@ -254,6 +269,54 @@ def _qa_fill(tokenizer: Any, ctx: BuildContext, seed_int: int, n: int, budget: i
             return got if got[2] > best[2] else best
         extra.pop()
     return best
+
+
+MINIMUM_LENGTH_SCAN = 1 << 16
+""":func:`minimum_length` gives up after scanning this many lengths above the one that failed."""
+
+
+def _smallest_fits(spec: RulerTask, tokenizer: Any, length_tokens: int, seed: int, text: str, chat_template: bool,
+                   flavor: str, qa: QAData | None, num_samples: int) -> bool:
+    """Whether the probe and samples ``0 .. num_samples - 1`` fit ``length_tokens`` at their smallest haystack."""
+    try:
+        ctx = _context(spec, tokenizer, length_tokens, seed, text, flavor, qa)
+    except PromptTooLongError:
+        return False
+    budget = length_tokens - spec.max_gen_toks
+    runs = [(sample_seed(seed, f"{spec.name}/probe", length_tokens, 0), ctx)]
+    for i in range(num_samples):
+        runs.append((sample_seed(seed, spec.name, length_tokens, i),
+                     dataclasses.replace(ctx, question_index=i) if qa is not None else ctx))
+    for seed_int, c in runs:
+        n_min = _size_bounds(spec, length_tokens, c)[0]
+        built = build(spec, random.Random(seed_int), n_min, c)
+        prompt = render_prompt(spec, built.input, built.gen_prefix, tokenizer, chat_template, flavor)
+        if sizing_tokens(tokenizer, prompt, chat_template, flavor) > budget:
+            return False
+    return True
+
+
+def minimum_length(task: str, tokenizer: Any, above: int, seed: int = 42, haystack_text: str | None = None, *,
+                   chat_template: bool = False, flavor: str = "nvidia", qa_path: str | Path | None = None,
+                   num_samples: int = 1) -> int:
+    """The smallest length ``L > above`` at which a run of ``num_samples`` samples of ``task`` can be generated.
+
+    A length is possible when the smallest prompt (the task's minimum haystack) of the probe sample and of every
+    sample ``0 .. num_samples - 1`` fits ``L - max_gen_toks``. The words, names and numbers of a sample are drawn
+    from seeds that include L, so the smallest prompt differs from length to length (CWE's 10 + 40 random words
+    by tens of tokens): lengths are tried one by one, which is why "the smallest prompt + max_gen_toks" at one
+    length is not a length that works.
+
+    Raises:
+        ValueError: no length up to ``above + MINIMUM_LENGTH_SCAN`` fits.
+    """
+    spec = get_task(task)
+    text = default_haystack_text() if haystack_text is None else haystack_text
+    qa = load_qa(task, qa_path) if spec.generator == "qa" else None
+    for length in range(above + 1, above + 1 + MINIMUM_LENGTH_SCAN):
+        if _smallest_fits(spec, tokenizer, length, seed, text, chat_template, flavor, qa, num_samples):
+            return length
+    raise ValueError(f"RULER task {task!r}: no length up to {above + MINIMUM_LENGTH_SCAN} holds its smallest prompt")
 
 
 @functools.lru_cache(maxsize=256)
@@ -295,6 +358,7 @@ def generate_sample(
     chat_template: bool = False,
     flavor: str = "nvidia",
     qa_path: str | Path | None = None,
+    num_samples: int | None = None,
 ) -> dict:
     """Generate RULER sample ``index`` of ``task`` sized for ``length_tokens`` with ``tokenizer``.
 
@@ -317,16 +381,21 @@ def generate_sample(
         flavor: ``nvidia`` (NVIDIA/RULER prompts) or ``lm-eval`` (lm-eval 0.4.13's port); docs/ruler.md.
         qa_path: QA tasks only: the SQuAD / HotpotQA JSON file (default: ``$HYLO_BENCH_SQUAD`` /
             ``$HYLO_BENCH_HOTPOTQA``, else ``~/.cache/hylo_bench/ruler/<file>``; :func:`qa.locate_qa_file`).
+        num_samples: samples the run will generate (default ``index + 1``); only used for the length advice of
+            a too-small length (:func:`minimum_length`).
 
     Returns:
-        lm-eval fields ``index, input, outputs, length, max_length, gen_prefix`` (``length`` = prompt_tokens +
-        max_gen_toks), plus ``prompt`` (text fed to the model), ``prompt_tokens``, ``task``, ``seed``,
+        lm-eval fields ``index, input, outputs, length, max_length, gen_prefix`` (``length`` = the prompt's
+        :func:`sizing_tokens` + max_gen_toks, <= ``length_tokens``; for nvidia that count leaves out the BOS the
+        tokenizer adds, as NVIDIA/RULER's ``length`` does), plus ``prompt`` (text fed to the model),
+        ``prompt_tokens`` (tokens fed to the model, BOS included), ``task``, ``seed``,
         ``flavor``, ``haystack_units``, ``chat_template``; CWE adds ``input_example``; QA adds
         ``question_index``, ``num_docs`` (documents in the prompt) and ``query``.
 
     Raises:
-        ValueError: unknown task or flavor, bad length/index, a length too small for the task, or a QA index past
-            the file's usable questions. FileNotFoundError: a QA data file is missing.
+        ValueError: unknown task or flavor, bad length/index, a length too small for the task
+            (:class:`PromptTooLongError`, naming the smallest length that fits), or a QA index past the file's
+            usable questions. FileNotFoundError: a QA data file is missing.
     """
     spec = get_task(task)
     check_flavor(flavor)
@@ -339,15 +408,24 @@ def generate_sample(
     if qa is not None and index >= len(qa.questions):
         raise ValueError(f"{qa.path} holds {len(qa.questions)} usable questions for {task}; sample {index} asks "
                          f"question {index}: use at most {len(qa.questions)} samples or a larger file")
-    n_probe, slope = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template, flavor, qa)
-    ctx = _context(spec, tokenizer, length_tokens, seed, text, flavor, qa)
-    if qa is not None:
-        ctx = dataclasses.replace(ctx, question_index=index)
-    tol = int(SAMPLE_TOLERANCE * length_tokens)
-    # Start half a tolerance below the probe's fit: most samples then fit at the first probe and stop there.
-    n_start = n_probe - int(0.5 * tol / slope)
-    seed_int = sample_seed(seed, task, length_tokens, index)
-    n, built, prompt, num_tokens, _ = _fit(spec, tokenizer, length_tokens, seed_int, ctx, chat_template, n_start, tol)
+    try:
+        n_probe, slope = fitted_size(task, tokenizer, length_tokens, seed, text, chat_template, flavor, qa)
+        ctx = _context(spec, tokenizer, length_tokens, seed, text, flavor, qa)
+        if qa is not None:
+            ctx = dataclasses.replace(ctx, question_index=index)
+        tol = int(SAMPLE_TOLERANCE * length_tokens)
+        # Start half a tolerance below the probe's fit: most samples then fit at the first probe and stop there.
+        n_start = n_probe - int(0.5 * tol / slope)
+        seed_int = sample_seed(seed, task, length_tokens, index)
+        n, built, prompt, num_tokens, _ = _fit(spec, tokenizer, length_tokens, seed_int, ctx, chat_template,
+                                               n_start, tol)
+    except PromptTooLongError as err:
+        k = max(index + 1, num_samples or 0)
+        need = minimum_length(task, tokenizer, length_tokens, seed, text, chat_template=chat_template,
+                              flavor=flavor, qa_path=qa_path, num_samples=k)
+        which = "sample 0" if k == 1 else f"samples 0-{k - 1}"
+        raise PromptTooLongError(f"{err}; use a length >= {need} (the smallest length at which {which} fit: the "
+                                 f"words are drawn per length, so the smallest prompt differs by length)") from None
     return {
         "index": index,
         "input": built.input,
@@ -356,7 +434,7 @@ def generate_sample(
         "max_length": length_tokens,
         "gen_prefix": built.gen_prefix,
         "prompt": prompt,
-        "prompt_tokens": num_tokens,
+        "prompt_tokens": num_tokens if flavor != "nvidia" else len(encode_prompt(tokenizer, prompt, chat_template)),
         "task": task,
         "seed": seed,
         "flavor": flavor,
