@@ -121,7 +121,19 @@ def run_jobs(jobs: list[Job], logs: Path, max_parallel: int, deadline: float, on
             running += 1
         if all(j.status not in ("pending", "running") for j in jobs):
             return
+        if running == 0:  # nothing runs and nothing could start: what waits for a file will never get it
+            for j in jobs:
+                if j.status == "pending":
+                    j.status = "skipped"
+                    print(f"{j.name}: skipped ({j.wait_for} never appeared)", flush=True)
+            return
         time.sleep(2)
+
+
+def parse_len(text: str) -> int:
+    from hylo_bench.upcycle.stages import parse_length
+
+    return parse_length(text)
 
 
 def hb(*args: str) -> list[str]:
@@ -236,6 +248,8 @@ def main() -> None:
     ap.add_argument("--instruction-rows", type=int, default=1024)
     ap.add_argument("--jobs", type=int, default=4, help="commands run at once")
     ap.add_argument("--budget-s", type=float, default=1380.0)
+    ap.add_argument("--eval-reserve-s", type=float, default=420.0, help="time kept for RULER on S and L and the "
+                    "report when the KD budget is sized")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "mini_reproduction.json")
     args = ap.parse_args()
@@ -266,13 +280,7 @@ def main() -> None:
                      "--batch-size", "64"]
         batch_tokens, tasks, samples = args.batch_tokens, args.tasks, args.samples
     eval_lengths = ",".join(g[0] for g in eval_groups)
-    sets = {}
-    if args.ild_tokens:
-        sets["ild"] = ["--set", f"stages.0.token_budget={args.ild_tokens}"]
-    if args.kd_tokens:
-        sets["short"] = ["--set", f"stages.0.token_budget={args.kd_tokens}"]
-        third = args.kd_tokens // 3
-        sets["staged"] = [x for i in range(3) for x in ("--set", f"stages.{i}.token_budget={third}")]
+    sets = {"ild": ["--set", f"stages.0.token_budget={args.ild_tokens}"]} if args.ild_tokens else {}
     data = work / "data" / "mixture.yaml"
     common = ["--base", teacher, "--teacher", teacher, "--data", str(data), "--results-dir", str(results),
               "--batch-tokens", batch_tokens, "--no-tensorboard", *dev]
@@ -280,18 +288,39 @@ def main() -> None:
                                 train_lengths, "--ruler-lengths", eval_lengths, "--ruler-samples", str(samples),
                                 "--ruler-results-dir", str(results), "--overwrite", *data_args, *dev)),
             Job("ild", hb("upcycle", "--recipe", str(recipes["ild"]), "--layout", layout, "--out", str(work / "ild"),
-                          *common, *sets.get("ild", [])), deps=["make_data"])]
+                          *common, *sets.get("ild", [])), wait_for=data)]  # the mixture is written before
+    # make-data's RULER decontamination pass: training need not wait for it
 
     def ild_random_cmd() -> list[str]:
         sel = json.loads((work / "ild" / "layer_selection.json").read_text())
         return hb("upcycle", "--recipe", str(recipes["ild"]), "--mla-layers", ",".join(map(str, sel["mla_layers"])),
                   "--init", "random", "--out", str(work / "ild_random"), *common, *sets.get("ild", []))
 
-    jobs.append(Job("ild_random", None, deps=["make_data"], wait_for=work / "ild" / "layer_selection.json",
-                    build=ild_random_cmd))
+    jobs.append(Job("ild_random", None, wait_for=work / "ild" / "layer_selection.json", build=ild_random_cmd))
+    adaptive: dict = {}
+
+    def kd_sets(run: str) -> list[str]:
+        """The KD budget of S and L: the recipes' (or --kd-tokens), cut to what the time left allows at the ILD
+        run's measured speed (two KD runs share the GPU; RULER and the report need --eval-reserve-s after)."""
+        if "kd_tokens" not in adaptive:
+            recipe_kd = sum(st["token_budget"] for st in yaml.safe_load(recipes["short"].read_text())["stages"])
+            want = args.kd_tokens or recipe_kd
+            m = json.loads((work / "ild" / "manifest.json").read_text())["stages"][0]
+            tps = m["tokens_seen"] / max(m.get("seconds") or 1.0, 1e-6)
+            allow = 0.45 * tps * max(0.0, deadline - time.time() - args.eval_reserve_s - 90)  # 90 s: start-up
+            step = 3 * parse_len(batch_tokens)
+            kd = max(step, min(want, int(allow) // step * step))
+            adaptive.update(kd_tokens=kd, requested_kd_tokens=want, ild_tokens_per_s=round(tps))
+            print(f"KD budget per run: {kd:,} tokens (asked {want:,}; ILD ran at {tps:,.0f} tokens/s)", flush=True)
+        kd = adaptive["kd_tokens"]
+        if run == "short":
+            return ["--set", f"stages.0.token_budget={kd}"]
+        return [x for i in range(3) for x in ("--set", f"stages.{i}.token_budget={kd // 3}")]
+
     for run in ("short", "staged"):
-        jobs.append(Job(run, hb("upcycle", "--recipe", str(recipes[run]), "--init-from", str(work / "ild"),
-                                "--out", str(work / run), *common, *sets.get(run, [])), deps=["ild"]))
+        jobs.append(Job(run, None, deps=["ild"], build=lambda run=run: hb(
+            "upcycle", "--recipe", str(recipes[run]), "--init-from", str(work / "ild"), "--out", str(work / run),
+            *common, *kd_sets(run))))
     models = {"teacher": teacher, "short": str(work / "short"), "staged": str(work / "staged")}
     for role, model in models.items():
         for lens, batch in eval_groups:
@@ -313,6 +342,7 @@ def main() -> None:
         doc["records"] = collect(results, {v: k for k, v in models.items()})
         doc["training"] = training_summary(work)
         doc["wall_s"] = round(time.time() - t_start, 1)
+        doc["plan"]["kd_budget"] = dict(adaptive)
         write_result(args.out, doc)
 
     run_jobs(jobs, work / "logs", args.jobs, deadline, save)
