@@ -19,6 +19,7 @@ from typing import Any, Union
 
 import torch
 
+from hylo_bench.upcycle.mixture import FORMATS
 from hylo_bench.upcycle.packing import PackedRows, pack_documents, positions_from_starts
 
 TRAIN_SEED_BASE = 10_000
@@ -50,7 +51,6 @@ def load_documents(path: str | Path) -> list[Document]:
 Document = Union[str, list]
 """A training document: plain text, or a conversation ``[{"role", "content"}, ...]`` (``hylo_bench.text.chat``)."""
 DATA_SUFFIXES = (".txt", ".jsonl", ".parquet")
-FORMATS = ("auto", "text", "chat")
 
 
 def _row_document(row, where: str, text_field: str, fmt: str, columns: tuple[str, str] | None = None) -> Document:

@@ -269,13 +269,13 @@ def sized_long_row(kind: str, i: int, length: int, tokenizer, passages: list[tup
     Raises:
         ValueError: ``length`` too small for a row of even one passage.
     """
-    from hylo_bench.text.chat import render_conversation
-
     start = _rng(seed, "start", kind, length, i).randrange(len(passages))
+    template = chat_template or tokenizer.chat_template
 
     def build(n: int, max_words: int | None = None) -> tuple[LongRow, int]:
         row = long_row(kind, _rng(seed, kind, length, i), passages, n, start, max_words, length)
-        return row, len(render_conversation(tokenizer, row_messages(row), chat_template).ids)
+        text = tokenizer.apply_chat_template(row_messages(row), tokenize=False, chat_template=template)
+        return row, len(tokenizer(text, add_special_tokens=False, verbose=False).input_ids)
 
     avg = max(1.0, sum(passage_tokens) / len(passage_tokens))
     n = max(1, int(length * (1 - LENGTH_SLACK / 2) / (avg + 2)))
@@ -286,21 +286,46 @@ def sized_long_row(kind: str, i: int, length: int, tokenizer, passages: list[tup
     if count > length:
         n = 0  # even one passage is too long: fill from a cut first passage
     else:
-        while count < (1 - LENGTH_SLACK) * length:
-            bigger, c = build(n + 1)
+        while count < (1 - LENGTH_SLACK) * length:  # grow by the missing tokens' worth of passages, then by one
+            step = max(1, int(((1 - LENGTH_SLACK / 2) * length - count) / (avg + 2)))
+            bigger, c = build(n + step)
+            while c > length and step > 1:
+                step = max(1, step // 2)
+                bigger, c = build(n + step)
             if c > length:
                 break
-            n, row, count = n + 1, bigger, c
-    if n == 0 or count < (1 - LENGTH_SLACK) * length:  # fill the rest with the longest prefix of the next passage
-        lo, hi = 0, len(passages[(start + n) % len(passages)][1].split())
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if build(n + 1, mid)[1] <= length:
-                lo = mid
+            n, row, count = n + step, bigger, c
+    if n == 0 or count < (1 - LENGTH_SLACK) * length:  # fill the rest with a word prefix of the next passage
+        k = (start + n) % len(passages)
+        words = len(passages[k][1].split())
+        base = count if n else build(0 + 1, 0)[1]  # n == 0: the row with an empty document
+        per_word = max(passage_tokens[k], 1) / max(words, 1)
+        w = min(words, max(0, int((length - base) / per_word * (1 - LENGTH_SLACK / 3))))
+        cand, c = build(n + 1, w)
+        for _ in range(8):  # a few corrections of the estimate (the tokens per word of a prefix vary)
+            if c > length and w > 0:
+                w = max(0, w - max(1, int((c - length) / per_word) + 1))
+            elif c < (1 - LENGTH_SLACK) * length and w < words:
+                grown = min(words, w + max(1, int(((1 - LENGTH_SLACK / 3) * length - c) / per_word)))
+                bigger, cb = build(n + 1, grown)
+                if cb > length:
+                    break
+                w, cand, c = grown, bigger, cb
+                continue
             else:
-                hi = mid - 1
-        if lo > 0 or n == 0:
-            row, count = build(n + 1, lo)
+                break
+            cand, c = build(n + 1, w)
+        if not (1 - LENGTH_SLACK) * length <= c <= length:  # not monotone here (a qa row's answer moved): bisect
+            lo, hi = 0, words
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if build(n + 1, mid)[1] <= length:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            cand, c = build(n + 1, lo)
+        if c <= length and (c >= count or n == 0):
+            row, count = cand, c
         if count > length:
             raise ValueError(f"--lengths {length}: a {kind} row without any text already has {count} tokens")
     return row, count

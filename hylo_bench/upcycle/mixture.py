@@ -53,9 +53,13 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is not imported by parsing (recipes and `info` read mixtures without it)
+    import torch
 
+FORMATS = ("auto", "text", "chat")
+"""Row formats of a source: text rows, conversations, or either (hylo_bench.upcycle.data reads them)."""
 _SOURCE_KEYS = {"name", "path", "hub", "hub_config", "split", "text_field", "format", "prompt_field",
                 "response_field", "weight", "range", "enabled", "seq_lens"}
 
@@ -79,8 +83,6 @@ class MixtureSource:
     seq_lens: list[int] | None = None  # stage lengths (tokens) that draw this source; None = every stage
 
     def __post_init__(self):
-        from hylo_bench.upcycle.data import FORMATS
-
         where = f"mixture source {self.name!r}"
         if self.format not in FORMATS:
             raise ValueError(f"{where}: format must be one of {', '.join(FORMATS)}, got {self.format!r}")

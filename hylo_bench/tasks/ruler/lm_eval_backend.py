@@ -473,6 +473,7 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
         doc = R._header(model_info, cfg, _provenance(lm, model_info, cfg, tok_hash, haystack_text,
                                                    hooks["sentence_splitter"], tok_dir))
         doc["backend"] = "lm-eval"
+        atomic_write_json(path, doc)  # the claimed file holds the header from the start
         for length in cfg.lengths:
             for task in cfg.tasks:
                 console.print(f"lm-eval {LM_EVAL_TASKS[task][0]} @ {length} tokens ({cfg.samples} samples)")

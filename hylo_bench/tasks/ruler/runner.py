@@ -217,20 +217,48 @@ def _predict(
     decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
     on_batch: Callable[[list[dict], list[str]], None],
 ) -> None:
-    """Decode ``samples`` in batches of ``cfg.batch_size``; ``on_batch(batch, predictions)`` after each batch."""
-    for start in range(0, len(samples), cfg.batch_size):
-        batch = samples[start : start + cfg.batch_size]
+    """Decode ``samples`` in batches of ``cfg.batch_size``; ``on_batch(batch, predictions)`` after each batch.
+
+    A batch that runs out of GPU memory is retried at half the batch size (and the rest of the samples keep the
+    smaller size), down to one sample; the out-of-memory error of a single sample is raised.
+    """
+    size, start = cfg.batch_size, 0
+    while start < len(samples):
+        batch = samples[start : start + size]
         ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]
-        on_batch(batch, decode(ids, max_new))
+        try:
+            preds = decode(ids, max_new)
+        except Exception as e:  # noqa: BLE001 - torch.OutOfMemoryError, or a RuntimeError saying so
+            if size == 1 or not _is_oom(e):
+                raise
+            import torch
+
+            torch.cuda.empty_cache()
+            size = max(1, size // 2)
+            logger.warning("out of GPU memory decoding %d prompts of up to %d tokens; retrying %d at a time",
+                           len(batch), max(len(x) for x in ids), size)
+            continue
+        on_batch(batch, preds)
+        start += len(batch)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
 def _results_path(results_dir: Path, model_name: str) -> Path:
+    """A new results file name, claimed by creating the file exclusively (``O_EXCL``): two runs of one model
+    started in the same second (e.g. two length groups in parallel) get different files instead of one run
+    overwriting the other's results. The claimed file is empty until the first record is written."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name).strip("_") or "model"
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path, k = results_dir / f"ruler-{safe}-{stamp}.json", 1
-    while path.exists():
-        path, k = results_dir / f"ruler-{safe}-{stamp}-{k}.json", k + 1
-    return path
+    while True:
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            path, k = results_dir / f"ruler-{safe}-{stamp}-{k}.json", k + 1
 
 
 def _version(package: str) -> str:
@@ -459,8 +487,10 @@ def evaluate_model(
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     lead = shard.rank == 0
-    path = _results_path(results_dir, str(model_info["name"]))
     doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text, shard)) if lead else {}
+    path = _results_path(results_dir, str(model_info["name"])) if lead else None
+    if lead:
+        atomic_write_json(path, doc)  # the claimed file holds the header from the start, never an empty file
     if hasattr(model, "eval"):
         model.eval()
     decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size)
