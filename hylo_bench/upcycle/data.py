@@ -305,8 +305,8 @@ class Corpus:
         if self.mixture is not None:
             from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows
 
-            return mixture_rows(MixtureSampler(self.mixture, seed=seed, seq_len=seq_len), tokenizer, seq_len, num_windows,
-                                self.chat_template)[0]
+            sampler = MixtureSampler(self.mixture, seed=seed, seq_len=seq_len)
+            return mixture_rows(sampler, tokenizer, seq_len, num_windows, self.chat_template)[0]
         return build_rows(self.data, tokenizer, seq_len, num_windows, seed, docs=self.docs,
                           chat_template=self.chat_template)
 

@@ -439,7 +439,10 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"--teacher {cfg.teacher}: its tokenizer has no chat template; make-data writes "
                          f"conversations and needs a chat (instruct) teacher")
-    noop = (lambda n: None)
+
+    def noop(n: int) -> None:
+        return None
+
     out.mkdir(parents=True, exist_ok=True)
     prompts = instruction_prompts(passages, cfg.instruction_rows, cfg.seed)
     advance = progress("teacher answers", len(prompts)) if progress else noop

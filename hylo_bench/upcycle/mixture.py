@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

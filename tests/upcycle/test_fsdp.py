@@ -26,7 +26,8 @@ STAGES = "64:ild@512,64@768"  # 2 ILD then 3 KD optimizer steps (4 windows of 64
 
 
 def _cfg(base_dir, out, **kw) -> UpcycleConfig:
-    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True, stages=STAGES, batch_size=1, grad_accum=4,
+    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True,
+                         stages=STAGES, batch_size=1, grad_accum=4,
                          ild_lr=2e-4, kd_lr=1e-3, eval_windows=1, device="cpu", save_every=100, tensorboard=False,
                          **kw)
 

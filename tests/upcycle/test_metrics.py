@@ -18,7 +18,8 @@ KEYS = {"stage", "stage_index", "kind", "step", "tokens_seen", "loss", "kl", "lr
 
 
 def _cfg(base_dir, out, **kw):
-    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True, stages="64:ild@900,128@800", batch_size=2,
+    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True,
+                         stages="64:ild@900,128@800", batch_size=2,
                          ild_lr=2e-4, kd_lr=1e-3, eval_windows=0, device="cpu", save_every=2, tensorboard=False, **kw)
 
 

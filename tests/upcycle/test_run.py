@@ -16,7 +16,8 @@ from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
 
 def _cfg(base_dir, out, **kw):
-    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True, stages="128:ild@2k,512@4k",
+    return UpcycleConfig(out=str(out), base=str(base_dir), data="demo", allow_demo_data=True,
+                         stages="128:ild@2k,512@4k",
                          batch_size=2, ild_lr=2e-4, kd_lr=1e-3, eval_windows=2, device="cpu", save_every=2, **kw)
 
 

@@ -130,7 +130,8 @@ def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
     base = _peaked_base(important=3, vocab_size=len(tiny_tokenizer))
     base.save_pretrained(base_dir)
     tiny_tokenizer.save_pretrained(base_dir)
-    cfg = UpcycleConfig(out=str(tmp_path / "out"), base=str(base_dir), data="demo", allow_demo_data=True, stages="64:ild@256",
+    cfg = UpcycleConfig(out=str(tmp_path / "out"), base=str(base_dir), data="demo", allow_demo_data=True,
+                        stages="64:ild@256",
                         layout="auto:1MLA3GDN", batch_size=2, eval_windows=0, select_windows=2, device="cpu")
     manifest = run(cfg)
     sel = json.loads((tmp_path / "out" / "layer_selection.json").read_text())
