@@ -131,24 +131,34 @@ def task_figures(df: pd.DataFrame) -> list[go.Figure]:
 
 
 def loss_figure(losses: pd.DataFrame) -> go.Figure:
-    """Upcycling training loss vs tokens, one line per (run, stage).
+    """Upcycling training loss vs tokens, one line per (run, stage); ILD (summed layer L2) and KD (KL in
+    nats/token) differ by orders of magnitude, so when both are present they get a panel each (ILD on top).
 
     Args:
         losses: Output of :func:`load_manifests` (non-empty).
     """
-    fig = go.Figure()
+    from plotly.subplots import make_subplots
+
+    kinds = losses["stage_kind"] if "stage_kind" in losses else pd.Series("", index=losses.index)
+    both = {"ild", "kd"} <= set(kinds.dropna())
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12, subplot_titles=("Enhanced-ILD", "KD (KL)")) \
+        if both else go.Figure()
     for (run, _, stage), part in losses.groupby(["run", "stage_index", "stage"], sort=True):
         seq_len = int(part["stage_seq_len"].iloc[0])
-        fig.add_trace(go.Scatter(
+        trace = go.Scatter(
             x=part["tokens"].tolist(), y=part["loss"].tolist(), customdata=part["step"].tolist(), mode="lines",
             name=_label(f"{run} / {stage} ({format_tokens(seq_len)})"),
             meta={"run": run, "stage": stage, "seq_len": seq_len},
             hovertemplate="step %{customdata}, %{x} tokens: loss %{y:.4f}",
-        ))  # fmt: skip
-    fig.update_layout(
-        template=_TEMPLATE, title={"text": "Upcycling training loss per stage"},
-        xaxis={"title": {"text": "tokens"}}, yaxis={"title": {"text": "loss"}},
-    )
+        )  # fmt: skip
+        if both:
+            fig.add_trace(trace, row=1 if kinds.loc[part.index[0]] == "ild" else 2, col=1)
+        else:
+            fig.add_trace(trace)
+    fig.update_layout(template=_TEMPLATE, title={"text": "Upcycling training loss per stage"},
+                      height=720 if both else None)
+    fig.update_xaxes(title={"text": "tokens"})
+    fig.update_yaxes(title={"text": "loss"})
     return fig
 
 
