@@ -14,8 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(autouse=True)
 def _isolated_results_store(tmp_path, monkeypatch):
     """Commands add results to the store as they go (default ./hylo-results/hylo_bench.sqlite): point every test
-    at its own store so none writes into the checkout. Tests of the default location delenv it."""
+    at its own store so none writes into the checkout. Tests of the default location delenv it. The weights-hash
+    cache (``io_utils.cache_dir``) goes there too, not into ~/.cache."""
     monkeypatch.setenv("HYLO_BENCH_DB", str(tmp_path / "_test_store.sqlite"))
+    monkeypatch.setenv("HYLO_BENCH_CACHE", str(tmp_path / "_cache"))
 
 
 def pytest_collection_modifyitems(config, items):

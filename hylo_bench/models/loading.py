@@ -6,7 +6,6 @@ A directory with ``hybrid_config.json`` is a HyLo hybrid (``HyLoForCausalLM``); 
 
 from __future__ import annotations
 
-import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -58,18 +57,11 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def weights_hash(d: Path) -> str:
-    """Short content hash of a checkpoint: SHA-256 over its weight files' sizes and first/last MiB."""
-    h = hashlib.sha256()
-    files = sorted(list(d.glob("*.safetensors")) + list(d.glob("pytorch_model*.bin")))
-    for f in files:
-        size = f.stat().st_size
-        h.update(f.name.encode() + str(size).encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            if size > 2 << 20:
-                fh.seek(-(1 << 20), 2)
-                h.update(fh.read())
-    return h.hexdigest()[:16]
+    """The checkpoint's identity: SHA-256 of every byte of its weight files (``io_utils.weights_sha256``; streamed,
+    cached by path, size and mtime)."""
+    from hylo_bench.io_utils import weights_sha256
+
+    return weights_sha256(d)
 
 
 def layout_name(model) -> str:
