@@ -28,7 +28,8 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 def _fail(e: Exception) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(str(e))}")  # escaped: messages quote extras like hylo-bench[vllm]
+    # escaped: messages quote extras like hylo-bench[vllm]; not wrapped, so paths in them stay whole
+    console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -295,7 +296,7 @@ def import_(
     from hylo_bench.reports import store
 
     try:
-        outcomes = store.import_files(store.open_store(db, results_dir), files)
+        outcomes = store.import_paths(db, results_dir, files)
     except ValueError as e:
         _fail(ValueError(f"{e}\nnothing was imported"))
     for o in outcomes:

@@ -62,6 +62,29 @@ class RunRecord:
     points: list[dict[str, Any]]
 
 
+def check_value(value: Any, where: str, scale: str) -> float:
+    """A metric value checked by kind: ``scale`` is ``"proportion"`` (in [0, 1]), ``"score"`` (in [0, 100]) or
+    ``"finite"`` (any finite number).
+
+    Raises:
+        ValueError: naming ``where`` (the field) and the value: not a number, NaN / infinite, or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    lo, hi = {"proportion": (0.0, 1.0), "score": (0.0, 100.0), "finite": (-math.inf, math.inf)}[scale]
+    if not lo <= value <= hi:
+        what = "a proportion in [0, 1]" if scale == "proportion" else "a score in [0, 100]"
+        raise ValueError(f"{where}: expected {what}, got {value!r}")
+    return float(value)
+
+
+def _percent_metric(name: str) -> bool:
+    """Whether a metric (``acc`` or ``exact_match,strict-match``) is an accuracy-like share (0-1 in lm-eval)."""
+    return name.partition(",")[0] in LM_EVAL_PERCENT_METRICS
+
+
 def content_hash(obj: Any) -> str:
     """Hex SHA-256 of ``obj`` as canonical JSON (sorted keys, no whitespace)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
@@ -200,6 +223,7 @@ def _benchmark(obj: dict[str, Any], source: str, *, allow_empty: bool = False) -
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"records[{i}].{key}: expected a number (or null), got {value!r}")
+            check_value(value, f"records[{i}].{key}", "finite")
         if "seq_len" in rec and rec["seq_len"] is not None and (
                 not isinstance(rec["seq_len"], int) or isinstance(rec["seq_len"], bool) or rec["seq_len"] <= 0):
             raise ValueError(f"records[{i}].seq_len: expected a positive number of tokens, got {rec['seq_len']!r}")
@@ -235,9 +259,11 @@ def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
                 continue
             stderr = res.get(f"{name}_stderr,{filt}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
-            scale = 100.0 if name in LM_EVAL_PERCENT_METRICS else 1.0
+            percent = name in LM_EVAL_PERCENT_METRICS
+            value = check_value(value, f"results.{task}.{key}", "proportion" if percent else "finite")
+            scale = 100.0 if percent else 1.0
             metrics.append(Metric(task=task, seq_len=None, metric=name if filt == "none" else f"{name},{filt}",
-                                  value=float(value) * scale, n=n if isinstance(n, int) else None,
+                                  value=value * scale, n=n if isinstance(n, int) else None,
                                   stderr=None if stderr is None else stderr * scale, flavor="lm-eval"))
     if not metrics:
         raise ValueError("results: no numeric 'metric,filter' entries found")
@@ -269,9 +295,8 @@ def _eval_scores(obj: dict[str, Any], n_samples: dict[str, Any]) -> list[Metric]
         n = n_samples.get(task)
         n = n.get("effective") if isinstance(n, dict) else n
         for metric, value in by_metric.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"scores.{task}.{metric}: expected a number, got {value!r}")
-            metrics.append(Metric(task=task, seq_len=None, metric=metric, value=float(value),
+            value = check_value(value, f"scores.{task}.{metric}", "score" if _percent_metric(metric) else "finite")
+            metrics.append(Metric(task=task, seq_len=None, metric=metric, value=value,
                                   n=n if isinstance(n, int) else None, stderr=None, flavor="lm-eval"))
     return metrics
 
