@@ -75,6 +75,22 @@ def tiny_base_dir(tmp_path_factory, tiny_tokenizer):
     return d
 
 
+@pytest.fixture(scope="session")
+def mini_base_dir(tmp_path_factory, tiny_tokenizer):
+    """A one-layer Llama (hidden 32) with the tiny tokenizer: for tests that run whole commands in subprocesses
+    (crash and concurrency tests), where decoding 128 greedy tokens per sample with 4 layers would dominate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("mini_llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                 max_position_embeddings=4096, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                 tie_word_embeddings=False)).save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
 def tiny_hybrid_config(**overrides):
     from hylo_bench.models.config import HyLoConfig
 

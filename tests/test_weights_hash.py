@@ -38,8 +38,8 @@ def test_checkpoints_differing_only_in_the_middle_have_different_hashes(tmp_path
     assert weights_hash(a) == _by_hand(a) and weights_hash(b) == _by_hand(b)
     assert weights_hash(a) != weights_hash(b)
     # so `ruler --resume` keys their predictions apart (the middle-only difference once reused another's)
-    keys = dict(task="niah_single_1", length_tokens=1024, dtype="float32", tok_hash="t" * 64, data_hash="d" * 64,
-                seed=42, flavor="nvidia", chat_template=False, max_gen_toks=128)
+    keys = {"task": "niah_single_1", "length_tokens": 1024, "dtype": "float32", "tok_hash": "t" * 64,
+            "data_hash": "d" * 64, "seed": 42, "flavor": "nvidia", "chat_template": False, "max_gen_toks": 128}
     assert predictions_path(tmp_path, model_hash=weights_hash(a), **keys) != \
         predictions_path(tmp_path, model_hash=weights_hash(b), **keys)
 

@@ -6,13 +6,17 @@ Scores are 0-100, context lengths in tokens. Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, TypeVar
 
 import pandas as pd
 import sqlalchemy as sa
@@ -24,6 +28,12 @@ logger = logging.getLogger(__name__)
 
 DB_ENV = "HYLO_BENCH_DB"
 DB_FILENAME = "hylo_bench.sqlite"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+"""How long one SQLite statement waits for another process's write lock (``ruler`` runs and ``import`` writing one
+store at the same time) before :func:`write_transaction` retries the whole transaction."""
+WRITE_RETRY_S = 300.0
+"""Total time :func:`write_transaction` keeps retrying a write that found the database locked or busy."""
+_T = TypeVar("_T")
 
 
 def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
@@ -135,8 +145,69 @@ def current_version(conn: Connection) -> int:
     return conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0
 
 
+def _is_lock_error(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return isinstance(exc, sa.exc.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def write_transaction(engine: Engine, work: Callable[[Connection], _T]) -> _T:
+    """Run ``work(conn)`` in one write transaction and commit; on SQLite retried (from the start, after a rollback)
+    while the database is locked or busy, for up to :data:`WRITE_RETRY_S` seconds.
+
+    On SQLite the transaction starts with ``BEGIN IMMEDIATE``: it takes the write lock before reading, so two
+    writers queue on the busy timeout instead of one failing when it upgrades its read snapshot to a write.
+
+    Raises:
+        sqlalchemy.exc.OperationalError: still locked after :data:`WRITE_RETRY_S` seconds; what ``work`` raises.
+    """
+    deadline = time.monotonic() + WRITE_RETRY_S
+    delay = 0.05
+    while True:
+        try:
+            with _write_connection(engine) as conn:
+                return work(conn)
+        except sa.exc.OperationalError as exc:
+            if engine.dialect.name != "sqlite" or not _is_lock_error(exc) or time.monotonic() > deadline:
+                raise
+            logger.debug("results store busy (%s); retrying in %.2f s", exc, delay)
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+
+@contextlib.contextmanager
+def _write_connection(engine: Engine) -> Iterator[Connection]:
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect().execution_options(sqlite_write=True) as conn, conn.begin():
+        yield conn
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    """SQLite for several writing processes: WAL (readers never block the writer), a busy timeout, and
+    transactions that SQLAlchemy opens itself (``BEGIN IMMEDIATE`` for writes, see :func:`write_transaction`)
+    instead of pysqlite's implicit ones (the pattern of SQLAlchemy's SQLite dialect docs, "Serializable isolation /
+    Savepoints / Transactional DDL")."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # no implicit BEGIN / COMMIT by pysqlite
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            cur.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_write") else "BEGIN")
+
+
 def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
-    """Apply the migrations after the database's version up to ``target``, each in its own transaction.
+    """Apply the migrations after the database's version up to ``target``, each in its own write transaction that
+    first re-reads the version (two processes opening a new store at once apply each migration once).
 
     Returns:
         The version after migrating.
@@ -144,15 +215,20 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     Raises:
         ValueError: the database is newer than this hylo-bench (upgrade hylo-bench), or not a hylo-bench store.
     """
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         version = current_version(conn)
     if version > SCHEMA_VERSION:
         raise ValueError(f"the results store has schema version {version}, this hylo-bench knows up to "
                          f"{SCHEMA_VERSION}; upgrade hylo-bench")
+
+    def step(conn: Connection, number: int) -> None:
+        if current_version(conn) >= number:
+            return
+        MIGRATIONS[number](conn)
+        conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+
     for number in range(version + 1, target + 1):
-        with engine.begin() as conn:
-            MIGRATIONS[number](conn)
-            conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+        write_transaction(engine, lambda conn, number=number: step(conn, number))
     return max(version, target)
 
 
@@ -177,6 +253,8 @@ def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-res
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise ValueError(f"results store URL {url!r}: {exc}; use a file path or e.g. sqlite:///results.sqlite, "
                          f"postgresql://user@host/db") from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_setup(engine)
     try:
         migrate(engine)
     except sa.exc.SQLAlchemyError as exc:
@@ -209,8 +287,16 @@ def save_runs(engine: Engine, records: Iterable[RunRecord]) -> list[SaveOutcome]
         ValueError: a record holds a different value for a metric or logged step already stored for the same run
             (the store is append-only); names the source, the row and both values.
     """
-    with engine.begin() as conn:
-        return [_save_one(conn, rec) for rec in records]
+    records = list(records)
+    return write_transaction(engine, lambda conn: [_save_one_checked(conn, rec) for rec in records])
+
+
+def _save_one_checked(conn: Connection, rec: RunRecord) -> SaveOutcome:
+    try:
+        return _save_one(conn, rec)
+    except sa.exc.IntegrityError as exc:  # a value the parsers let through and the schema refuses
+        raise ValueError(f"{rec.source}: the results store refused a row ({str(exc.orig or exc).splitlines()[0]});"
+                         f" nothing was stored") from None
 
 
 def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
@@ -273,23 +359,6 @@ def import_files(engine: Engine, paths: Iterable[str | Path]) -> list[SaveOutcom
     if not records:
         raise ValueError("no files given; pass one or more results JSON files")
     return save_runs(engine, records)
-
-
-def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable[str | Path]) -> list[SaveOutcome]:
-    """``hylo-bench import``: parse every file, then open the store and save them all in one transaction; a bad
-    file leaves the store (even a store not created yet) as it was.
-
-    Raises:
-        ValueError: as :func:`import_files`, or the store cannot be opened.
-    """
-    records = [parse_file(p) for p in paths]
-    if not records:
-        raise ValueError("no files given; pass one or more results JSON files")
-    engine = open_store(db, results_dir)
-    try:
-        return save_runs(engine, records)
-    finally:
-        engine.dispose()
 
 
 def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
