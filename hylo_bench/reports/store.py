@@ -361,6 +361,23 @@ def import_files(engine: Engine, paths: Iterable[str | Path]) -> list[SaveOutcom
     return save_runs(engine, records)
 
 
+def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable[str | Path]) -> list[SaveOutcome]:
+    """``hylo-bench import``: parse every file, then open the store and save them all in one transaction; a bad
+    file leaves the store (even a store not created yet) as it was.
+
+    Raises:
+        ValueError: as :func:`import_files`, or the store cannot be opened.
+    """
+    records = [parse_file(p) for p in paths]
+    if not records:
+        raise ValueError("no files given; pass one or more results JSON files")
+    engine = open_store(db, results_dir)
+    try:
+        return save_runs(engine, records)
+    finally:
+        engine.dispose()
+
+
 def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
            db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> SaveOutcome | None:
     """Add one result (a parsed object with its ``source`` file name, or a file path) to the store as a command
