@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from sqlalchemy.engine import Engine
 
-from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.io_utils import WEIGHT_PATTERNS, atomic_write_text, weights_sha256
 from hylo_bench.reports import store
 from hylo_bench.reports.ingest import LM_EVAL_PERCENT_METRICS
 from hylo_bench.reports.paper import PAPER_TABLES, load_paper_tables, paper_tables_path
@@ -88,19 +88,50 @@ def paper_side(spec: str, paper_path: str | Path | None = None) -> Side:
     return Side(label=f"paper:{spec}", description=desc, metrics=_frame(records))
 
 
-def store_side(engine: Engine, spec: str) -> Side:
-    """A run id or a model name as stored; for a model, each metric's value comes from its latest run.
+def _identity(runs: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]:
+    """Runs of the model ``spec`` names (its stored name, its checkpoint path, a weights hash or a prefix of 12+ hex
+    digits, or a local checkpoint folder, hashed here), widened to every run of the same weights: one model,
+    whatever name each command stored it under (``tiny`` from ``upcycle``, ``runs/tiny`` from ``ruler``)."""
+    hashes = runs["model_hash"].fillna("")
+    named = (runs["model"] == spec) | (runs["checkpoint"] == spec)
+    if len(spec) >= 12 and all(c in "0123456789abcdef" for c in spec.lower()):
+        named |= hashes.str.startswith(spec.lower())
+    ids = set(hashes[named & (hashes != "")])
+    path = Path(spec).expanduser()
+    if path.is_dir() and any(path.glob(p) for p in WEIGHT_PATTERNS):
+        ids.add(weights_sha256(path))
+        named |= runs["checkpoint"].isin([str(path), str(path.resolve())])
+    return runs[named | hashes.isin(ids)], ids
 
-    RULER per-task scores also yield a ``ruler_mean`` row per length (mean over the tasks present, se of the mean).
+
+def store_side(engine: Engine, spec: str) -> Side:
+    """A run id or a model as stored (:func:`_identity`); for a model, each metric's value comes from its latest
+    finished run. Runs stored as ``running`` (interrupted) are left out and named in the description; a run id
+    selects that run whatever its status.
+
+    RULER per-task scores also yield a ``ruler_mean`` row per length (mean over the tasks present).
 
     Raises:
-        ValueError: nothing stored under ``spec``; lists the stored model names.
+        ValueError: nothing stored under ``spec`` (lists the stored model names), or only unfinished runs.
     """
     runs = store.runs_frame(engine)
+    unfinished = runs["status"] == "running"
+    notes = []
     if spec.isdigit() and int(spec) in set(runs["id"]):
         chosen = runs[runs["id"] == int(spec)]
+        if bool(unfinished[chosen.index].any()):
+            notes.append("UNFINISHED run: the command was interrupted or is still running")
+        hashes = set(chosen["model_hash"].dropna())
     else:
-        chosen = runs[runs["model"] == spec]
+        chosen, hashes = _identity(runs, spec)
+        left_out = chosen[unfinished[chosen.index]]
+        if not left_out.empty:
+            if len(left_out) == len(chosen):
+                raise ValueError(f"{spec!r}: only unfinished runs ({', '.join(map(str, left_out['id']))}: interrupted "
+                                 f"or still running); finish them (e.g. `hylo-bench ruler --resume`), or pass a run "
+                                 f"id to compare one as it is")
+            notes.append(f"left out unfinished run(s) {', '.join(map(str, left_out['id']))}")
+            chosen = chosen[~unfinished[chosen.index]]
     if chosen.empty:
         models = ", ".join(sorted(runs["model"].unique())) or "none (run `hylo-bench import` first)"
         raise ValueError(f"{spec!r} is neither a stored run id nor a stored model name; stored models: {models}")
@@ -111,7 +142,11 @@ def store_side(engine: Engine, spec: str) -> Side:
     records = df[_KEY + ["value", "n", "stderr"]].to_dict("records")
     records += _ruler_means(df)
     ids = ", ".join(str(i) for i in sorted(df["run_id"].unique()))
-    return Side(label=spec, description=f"{spec} (run {ids})", metrics=_frame(records))
+    names = sorted(set(chosen["model"]) - {spec})
+    who = "; weights " + ", ".join(h[:12] for h in sorted(hashes)) if hashes else ""
+    also = f"; also stored as {', '.join(names)}" if names else ""
+    desc = f"{spec} (run {ids}{who}{also}" + "".join(f"; {n}" for n in notes) + ")"
+    return Side(label=spec, description=desc, metrics=_frame(records))
 
 
 def _ruler_means(df: pd.DataFrame) -> list[dict[str, Any]]:

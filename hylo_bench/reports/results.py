@@ -255,6 +255,13 @@ def load_results(results_dir: str | Path, strict: bool = False) -> pd.DataFrame:
     found, skipped = _scan(root, RULER_KIND, warn=True)
     rows = []
     for path, obj in found:
+        if obj.get("status") == "running":  # a run still writing, or killed: not mixed with finished ones
+            done, planned = len(obj.get("records") or []), obj.get("planned")
+            of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
+            logger.warning("skipping %s: unfinished run (%d%s results)", path, done, of)
+            skipped.append((str(path), f"unfinished run (it holds {done}{of} results; the command was interrupted "
+                                       f"or is still running): left out"))
+            continue
         try:
             rows.extend(parse_ruler_run(obj, path.relative_to(root).as_posix()))
         except ValueError as exc:

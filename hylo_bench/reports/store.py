@@ -37,7 +37,7 @@ _T = TypeVar("_T")
 
 
 def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
-    """The tables as they are at schema ``version`` (1 or 2), defined on ``md``."""
+    """The tables as they are at schema ``version`` (1, 2 or 3), defined on ``md``."""
     tables = {"schema_version": sa.Table(
         "schema_version", md, sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("applied_utc", sa.String(40), nullable=False))}
@@ -57,6 +57,8 @@ def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
         sa.Column("config_json", sa.Text, nullable=False),
         sa.Column("created_utc", sa.String(40), nullable=False),
         sa.Column("imported_utc", sa.String(40), nullable=False),
+        # "running" while the command was still writing (or was killed), "complete" after; NULL: stored before v3
+        *([sa.Column("status", sa.String(16))] if version >= 3 else []),
     )
     extra = [sa.Column("extra_json", sa.Text)] if version >= 2 else []
     tables["metrics"] = sa.Table(
@@ -113,7 +115,12 @@ def _migrate_2(conn: Connection) -> None:
     md.create_all(conn, tables=[tables["train_log"], tables["points"]])
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2}
+def _migrate_3(conn: Connection) -> None:
+    """Version 3: ``runs.status`` (a killed ``ruler`` run stays ``running``; report and compare leave it out)."""
+    conn.execute(sa.text("ALTER TABLE runs ADD COLUMN status VARCHAR(16)"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
 SCHEMA_VERSION = max(MIGRATIONS)
 # The current schema, for queries; tables are only ever created by the migrations.
 metadata = sa.MetaData()
@@ -300,15 +307,24 @@ def _save_one_checked(conn: Connection, rec: RunRecord) -> SaveOutcome:
 
 
 def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
-    run_id = conn.execute(sa.select(runs.c.id).where(runs.c.natural_key == rec.natural_key)).scalar()
-    is_new = run_id is None
+    row = conn.execute(sa.select(runs.c.id, runs.c.status, runs.c.model_hash).where(
+        runs.c.natural_key == rec.natural_key)).first()
+    is_new = row is None
     if is_new:
         run_id = conn.execute(runs.insert().values(
             natural_key=rec.natural_key, kind=rec.kind, source=rec.source, model=rec.model, checkpoint=rec.checkpoint,
             model_hash=rec.model_hash, layout=rec.layout, git_sha=rec.git_sha,
             hylo_bench_version=rec.hylo_bench_version, device=rec.device,
             config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=_now(),
+            status=rec.status,
         )).inserted_primary_key[0]  # fmt: skip
+    else:
+        run_id = row.id
+        # a grown file: a run that finished since, or an upcycle manifest that now names its final weights
+        update = {k: v for k, v in (("status", rec.status), ("model_hash", rec.model_hash))
+                  if v is not None and v != getattr(row, k)}
+        if update:
+            conn.execute(runs.update().where(runs.c.id == run_id).values(**update))
     stored = {(r.task, r.seq_len, r.metric): r.value for r in conn.execute(
         sa.select(metrics.c.task, metrics.c.seq_len, metrics.c.metric, metrics.c.value).where(
             metrics.c.run_id == run_id))}
@@ -463,7 +479,8 @@ def metrics_frame(engine: Engine, run_ids: list[int] | None = None) -> pd.DataFr
     Args:
         run_ids: Only these runs (all runs when ``None``).
     """
-    query = sa.select(metrics, runs.c.model, runs.c.kind, runs.c.created_utc, runs.c.source).join(runs)
+    query = sa.select(metrics, runs.c.model, runs.c.kind, runs.c.created_utc, runs.c.source,
+                      runs.c.status.label("run_status"), runs.c.model_hash).join(runs)
     if run_ids is not None:
         query = query.where(metrics.c.run_id.in_(run_ids))
     with engine.connect() as conn:
@@ -488,17 +505,37 @@ def points_frame(engine: Engine) -> pd.DataFrame:
     return pd.DataFrame([{"run_id": r.run_id, "benchmark": r.benchmark} | json.loads(r.record_json) for r in rows])
 
 
-def ruler_rows(engine: Engine) -> list[dict[str, Any]]:
+def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
+    """``(run id, source, reason)`` of every results run (not an upcycle manifest: its training log is shown as it
+    grows) stored as ``running`` (a command still writing it, or killed): the reason says how many of its planned
+    (task, length) pairs it holds."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(runs.c.id, runs.c.source, runs.c.config_json).where(
+            runs.c.status == "running", runs.c.kind != "upcycle").order_by(runs.c.id)).all()
+        counts = dict(conn.execute(sa.select(metrics.c.run_id, sa.func.count()).group_by(metrics.c.run_id)).all())
+    out = []
+    for r in rows:
+        planned = json.loads(r.config_json).get("planned")
+        of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
+        out.append((int(r.id), r.source, f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the "
+                                         f"command was interrupted or is still running): left out"))
+    return out
+
+
+def ruler_rows(engine: Engine, *, include_unfinished: bool = False) -> list[dict[str, Any]]:
     """RULER rows of every stored RULER run, in the shape of ``results.parse_ruler_run`` output.
 
     The run's stored header (``config_json``, our results-file header) gives the model block and provenance;
     runs saved without one (e.g. through :func:`save_runs` by other tools) fall back to the ``runs`` columns.
+    Runs stored as ``running`` (:func:`unfinished_runs`) are left out unless ``include_unfinished``.
     """
     query = sa.select(metrics, runs.c.config_json, runs.c.source, runs.c.model.label("run_model"),
                       runs.c.layout.label("run_layout"), runs.c.model_hash.label("run_model_hash"),
                       runs.c.checkpoint.label("run_checkpoint"), runs.c.git_sha.label("run_git_sha"),
                       runs.c.hylo_bench_version.label("run_version"), runs.c.created_utc.label("run_created"),
                       ).join(runs).where(runs.c.kind == "ruler")  # fmt: skip
+    if not include_unfinished:
+        query = query.where(sa.or_(runs.c.status.is_(None), runs.c.status != "running"))
     with engine.connect() as conn:
         stored = conn.execute(query.order_by(metrics.c.id)).all()
     out, headers = [], {}

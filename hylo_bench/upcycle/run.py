@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.io_utils import atomic_write_json, git_sha, weights_sha256
 from hylo_bench.models.config import default_mla_layers, parse_layout
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
@@ -391,6 +391,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
         train_log.close()
     _save_student(student, tokenizer, out, ctx)
     manifest["final_checkpoint"] = str(out)
+    manifest["model_hash"] = weights_sha256(out)  # the identity `ruler` / `eval` record for this checkpoint
     manifest["finished_utc"] = _now()
     _write_json(manifest_path, manifest, ctx)
     if main:
