@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from hylo_bench.cli import app
-from hylo_bench.reports import compare as C, store
+from hylo_bench.reports import compare as C
+from hylo_bench.reports import store
 from hylo_bench.reports.ingest import Metric, RunRecord, parse_object
 
 
@@ -63,7 +65,7 @@ def test_upcycle_then_ruler_line_up_in_compare(tiny_base_dir, tmp_path):
     res = runner.invoke(app, ["ruler", "--model", str(out), "--lengths", "1k", "--tasks", "niah_single_1",
                               "--samples", "1", "--results-dir", str(tmp_path / "res"), "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(open(json.loads(res.stdout)["results_path"]).read())
+    doc = json.loads(Path(json.loads(res.stdout)["results_path"]).read_text())
     assert doc["model"]["name"] == str(out) and doc["model"]["hash"] == manifest["model_hash"]
     db = os.environ["HYLO_BENCH_DB"]
     runs = store.runs_frame(store.open_store(db, create=False))
