@@ -63,6 +63,8 @@ def _set_pairs(items: Optional[list[str]]) -> dict:
 @app.command()
 def upcycle(
     out: Path = typer.Option(..., "--out", help="Output directory (resumes if it holds an earlier run)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into an --out that holds files this run did "
+                                   "not write (e.g. another model), replacing its config, weights and tokenizer."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Released recipe, e.g. HyLo-Qwen-7MLA21GDN-8K-SFT; "
                                          "explicit flags override its values."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe key, e.g. "
@@ -127,7 +129,7 @@ def upcycle(
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
             tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
-            results_dir=str(results_dir) if results_dir else None, db=db))
+            results_dir=str(results_dir) if results_dir else None, db=db, overwrite=overwrite or None))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)

@@ -19,19 +19,20 @@ _fault_hits: dict[str, int] = {}
 
 def fault_point(name: str) -> None:
     """Crash-test hook: SIGKILL this process on the N-th pass through the point ``name`` when
-    ``$HYLO_BENCH_FAULT`` is ``<name>:<N>`` (N counted from 1 in this process). A no-op otherwise.
+    ``$HYLO_BENCH_FAULT`` is ``<name>:<N>`` (N counted from 1 in this process; a name ending in ``*`` matches every
+    point it prefixes, e.g. ``replace:niah_single_1-*:1``). A no-op otherwise.
 
-    The tests of tests/test_faults.py kill ``upcycle`` and ``ruler`` at these points and check that a re-run loses
-    and repeats nothing.
+    tests/test_faults.py kills ``upcycle`` and ``ruler`` at these points (atomic writes pass ``replace:<file
+    name>`` between writing the temporary file and renaming it) and checks that a re-run loses and repeats nothing.
     """
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     want, _, nth = spec.rpartition(":")
-    if want != name:
+    if not (name == want or want.endswith("*") and name.startswith(want[:-1])):
         return
-    _fault_hits[name] = _fault_hits.get(name, 0) + 1
-    if _fault_hits[name] == int(nth):
+    _fault_hits[want] = _fault_hits.get(want, 0) + 1
+    if _fault_hits[want] == int(nth):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -463,7 +463,7 @@ def _quiet_git_probe():
     """
     import subprocess
 
-    import lm_eval.evaluator as evaluator
+    from lm_eval import evaluator
     from lm_eval.loggers.utils import get_commit_from_path
 
     def git_commit_hash() -> str | None:

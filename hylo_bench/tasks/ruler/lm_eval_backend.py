@@ -35,6 +35,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import io
 import json
 import logging
 import statistics
@@ -123,7 +124,9 @@ def _import_prepare_niah() -> tuple[Any, str]:
     original = nltk.download
     nltk.download = lambda *a, **k: False  # its import-time nltk.download("punkt_tab") would go online
     try:
-        module = importlib.import_module("lm_eval.tasks.ruler.prepare_niah")
+        # it then prints "Downloaded punkt_tab on rank 0" to stdout (untrue here), which broke `ruler --json`
+        with contextlib.redirect_stdout(io.StringIO()):
+            module = importlib.import_module("lm_eval.tasks.ruler.prepare_niah")
     finally:
         nltk.download = original
     return module, "hylo-bench regex splitter (NLTK punkt_tab not installed)"
