@@ -105,6 +105,8 @@ def upcycle(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile each decoder layer "
                                             "of student and teacher (GPU speed; the first steps compile)."),
     eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Optimizer steps between mid-stage saves "
+                                             "of OUT/resume.pt (default 50)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where the default results store lives "
                                                "(default hylo-results); the training log is added after every stage."),
     db: Optional[str] = typer.Option(None, "--db", help="Results store path / URL (default: $HYLO_BENCH_DB, else "
@@ -127,7 +129,7 @@ def upcycle(
             tokens_per_stage=tokens_per_stage, batch_size=batch_size, grad_accum=grad_accum, ild_lr=ild_lr,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
-            eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
+            eval_windows=eval_windows, save_every=save_every, select_windows=select_windows, peak_tflops=peak_tflops,
             tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
             results_dir=str(results_dir) if results_dir else None, db=db, overwrite=overwrite or None))
         manifest = run(cfg)
