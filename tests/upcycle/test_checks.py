@@ -45,8 +45,8 @@ def test_upcycle_arguments_are_checked_before_torch_is_imported(tiny_base_dir, t
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     base = ["upcycle", "--base", str(tiny_base_dir), "--device", "cpu"]
     cases = [
-        ([*base, "--out", str(tmp_path / "other")], f"--out {tmp_path / 'other'}: holds files this run did not write "
-                                                     f"(model.safetensors)"),
+        ([*base, "--out", str(tmp_path / "other")],
+         f"--out {tmp_path / 'other'}: holds files this run did not write (model.safetensors)"),
         ([*base, "--out", str(tmp_path / "o"), "--data", str(tmp_path / "latin1.txt")],
          "not UTF-8 text (byte 0xe9 at offset 3)"),
         ([*base, "--out", str(tmp_path / "o"), "--layout", "3MLA3GDN"],

@@ -14,6 +14,7 @@ import logging
 import platform
 import re
 import statistics
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -379,6 +380,9 @@ def check_sizing(cfg: RulerConfig, tokenizer: Any, haystack_text: str, tok_hash:
 def _header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
     return {
         "kind": "ruler",
+        # the store keys a run on its header: two runs with the same settings started within one second (a resume
+        # right after a kill) are still two runs
+        "run_id": uuid.uuid4().hex,
         "status": "running",
         "planned": [{"task": t, "seq_len": n} for n in cfg.lengths for t in cfg.tasks],
         "hylo_bench_version": hylo_bench.__version__,
