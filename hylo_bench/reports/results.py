@@ -259,8 +259,8 @@ def load_results(results_dir: str | Path, strict: bool = False) -> pd.DataFrame:
             done, planned = len(obj.get("records") or []), obj.get("planned")
             of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
             logger.warning("skipping %s: unfinished run (%d%s results)", path, done, of)
-            skipped.append((str(path), f"unfinished run (it holds {done}{of} results; the command was interrupted "
-                                       f"or is still running): left out"))
+            reason = f"unfinished run (it holds {done}{of} results; the command was interrupted or is still running)"
+            skipped.append((str(path), f"{reason}: left out"))
             continue
         try:
             rows.extend(parse_ruler_run(obj, path.relative_to(root).as_posix()))

@@ -517,8 +517,9 @@ def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
     for r in rows:
         planned = json.loads(r.config_json).get("planned")
         of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
-        out.append((int(r.id), r.source, f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the "
-                                         f"command was interrupted or is still running): left out"))
+        reason = (f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
+                  f"or is still running): left out")
+        out.append((int(r.id), r.source, reason))
     return out
 
 

@@ -312,8 +312,9 @@ def model_context_tokens(model: Any) -> tuple[int, str] | None:
         if isinstance(rs, dict) and isinstance(rs.get("factor"), (int, float)) and \
                 isinstance(rs.get("original_max_position_embeddings"), int):
             scaled = int(rs["factor"] * rs["original_max_position_embeddings"])
-            found.append((scaled, f"rope_scaling factor {rs['factor']:g} x original_max_position_embeddings "
-                                  f"{rs['original_max_position_embeddings']}"))
+            source = f"rope_scaling factor {rs['factor']:g} x original_max_position_embeddings " \
+                     f"{rs['original_max_position_embeddings']}"
+            found.append((scaled, source))
     return max(found) if found else None
 
 
