@@ -335,7 +335,7 @@ def main() -> None:
             jobs.append(Job(f"ruler_{role}_{lens.replace(',', '_')}",
                             hb("ruler", "--model", model, "--lengths", lens, "--tasks", tasks, "--samples",
                                str(samples), "--results-dir", str(results), "--engine", "generate", "--batch-size",
-                               str(batch), *dev),
+                               str(batch), "--beyond-context", *dev),
                             deps=["make_data"] if role == "teacher" else [role]))  # the teacher after
     # make-data: its RULER samples come from make-data's cache, and its CPU-bound sampling would slow make-data
     doc = result_envelope("mini_reproduction")

@@ -29,7 +29,8 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 def _fail(e: Exception) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(str(e))}")  # escaped: messages quote extras like hylo-bench[vllm]
+    # escaped: messages quote extras like hylo-bench[vllm]; not wrapped, so paths in them stay whole
+    console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -72,6 +73,8 @@ def _set_pairs(items: Optional[list[str]]) -> dict:
 @app.command()
 def upcycle(
     out: Path = typer.Option(..., "--out", help="Output directory (resumes if it holds an earlier run)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into an --out that holds files this run did "
+                                   "not write (e.g. another model), replacing its config, weights and tokenizer."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Released recipe, e.g. HyLo-Qwen-7MLA21GDN-8K-SFT; "
                                          "explicit flags override its values."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a recipe key, e.g. "
@@ -118,6 +121,8 @@ def upcycle(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile each decoder layer "
                                             "of student and teacher (GPU speed; the first steps compile)."),
     eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Optimizer steps between mid-stage saves "
+                                             "of OUT/resume.pt (default 50)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where the default results store lives "
                                                "(default hylo-results); the training log is added after every stage."),
     db: Optional[str] = typer.Option(None, "--db", help="Results store path / URL (default: $HYLO_BENCH_DB, else "
@@ -151,10 +156,10 @@ def upcycle(
             batch_tokens=batch_tokens,
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
-            eval_windows=eval_windows, select_windows=select_windows, peak_tflops=peak_tflops,
+            eval_windows=eval_windows, save_every=save_every, select_windows=select_windows, peak_tflops=peak_tflops,
             tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
             results_dir=str(results_dir) if results_dir else None, db=db, kl_tokens=kl_tokens,
-            allow_demo_data=allow_demo_data or None, init=init, init_from=init_from))
+            allow_demo_data=allow_demo_data or None, init=init, init_from=init_from, overwrite=overwrite or None))
         manifest = run(cfg)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
@@ -338,6 +343,8 @@ def ruler(
     devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device "
                                 "cpu all on CPU); samples are sharded and rank 0 scores. Under torchrun the "
                                 "launched processes are the workers."),
+    beyond_context: bool = typer.Option(False, "--beyond-context", help="Allow lengths past the model's configured "
+                                        "context (max_position_embeddings / rope scaling): length generalisation."),
     engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), native "
                                "(greedy through the native serving engine, one prompt at a time) or auto (native "
                                "for HyLo models on CUDA)."),
@@ -365,7 +372,8 @@ def ruler(
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think,
                             flavor=flavor or ("lm-eval" if lm_eval else "nvidia"), squad_path=squad,
-                            hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend)
+                            hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
+                            beyond_context=beyond_context)
         with _json_only(as_json):
             result = R.run(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
@@ -417,7 +425,7 @@ def import_(
     from hylo_bench.reports import store
 
     try:
-        outcomes = store.import_files(store.open_store(db, results_dir), files)
+        outcomes = store.import_paths(db, results_dir, files)
     except ValueError as e:
         _fail(ValueError(f"{e}\nnothing was imported"))
     for o in outcomes:

@@ -14,8 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(autouse=True)
 def _isolated_results_store(tmp_path, monkeypatch):
     """Commands add results to the store as they go (default ./hylo-results/hylo_bench.sqlite): point every test
-    at its own store so none writes into the checkout. Tests of the default location delenv it."""
+    at its own store so none writes into the checkout. Tests of the default location delenv it. The weights-hash
+    cache (``io_utils.cache_dir``) goes there too, not into ~/.cache."""
     monkeypatch.setenv("HYLO_BENCH_DB", str(tmp_path / "_test_store.sqlite"))
+    monkeypatch.setenv("HYLO_BENCH_CACHE", str(tmp_path / "_cache"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -69,6 +71,22 @@ def tiny_base_dir(tmp_path_factory, tiny_tokenizer):
     """A saved tiny Llama checkpoint with its tokenizer (the upcycling base)."""
     d = tmp_path_factory.mktemp("tiny_llama")
     make_base("llama", vocab_size=len(tiny_tokenizer)).save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def mini_base_dir(tmp_path_factory, tiny_tokenizer):
+    """A one-layer Llama (hidden 32) with the tiny tokenizer: for tests that run whole commands in subprocesses
+    (crash and concurrency tests), where decoding 128 greedy tokens per sample with 4 layers would dominate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("mini_llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                 max_position_embeddings=4096, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                 tie_word_embeddings=False)).save_pretrained(d)
     tiny_tokenizer.save_pretrained(d)
     return d
 

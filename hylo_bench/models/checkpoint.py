@@ -198,6 +198,46 @@ def check_compatible(model: torch.nn.Module, stored: dict[str, tuple[tuple[int, 
     return mapping
 
 
+def stored_dtypes(d: Path) -> dict[str, str]:
+    """Stored dtype of every tensor (safetensors header names such as ``F32``, ``BF16``, ``I32``; torch names for
+    ``pytorch_model.bin``), without reading the data."""
+    out: dict[str, str] = {}
+    for f in _weight_files(d):
+        if f.suffix == ".bin":
+            sd = torch.load(f, map_location="meta", weights_only=True)
+            out.update({k: str(v.dtype).removeprefix("torch.") for k, v in sd.items()})
+            continue
+        with safe_open(f, framework="pt") as fh:
+            out.update({k: fh.get_slice(k).get_dtype() for k in fh.keys()})  # noqa: SIM118 (a safe_open handle)
+    return out
+
+
+def warn_bad_weights(d: Path, model: torch.nn.Module) -> list[str]:
+    """Log a warning (and return its lines) when a checkpoint's weights cannot be what its model computes with:
+    tensors stored as integers or booleans (converted silently on load), or parameters / buffers holding NaN or inf
+    (every output would be NaN).
+
+    Args:
+        d: the checkpoint folder (its weight files' headers are read). model: the model loaded from it.
+    """
+    lines = []
+    ints = {k: t for k, t in stored_dtypes(d).items()
+            if not t.startswith(("F", "BF", "float", "bfloat"))}
+    if ints:
+        shown = ", ".join(f"{k} ({t})" for k, t in list(ints.items())[:3]) + (" ..." if len(ints) > 3 else "")
+        lines.append(f"{d}: {len(ints)} weight tensor(s) are stored as integers or booleans, not floating point "
+                     f"({shown}); they were converted on load: check how the checkpoint was exported")
+    bad = [k for k, t in model.state_dict().items() if t.is_floating_point() and t.device.type != "meta"
+           and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "")
+        lines.append(f"{d}: {len(bad)} tensor(s) hold NaN or inf values ({shown}); the model's outputs will be "
+                     f"NaN / inf: re-export or re-train the checkpoint")
+    for line in lines:
+        logger.warning("%s", line)
+    return lines
+
+
 def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, device: str | torch.device = "cpu"):
     """Load a HyLo checkpoint strictly.
 
@@ -244,6 +284,7 @@ def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, devi
         state["lm_head.weight"] = state["lm_head.weight"].clone()
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
+    warn_bad_weights(d, model)
     return model
 
 

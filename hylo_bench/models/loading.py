@@ -6,7 +6,6 @@ A directory with ``hybrid_config.json`` is a HyLo hybrid (``HyLoForCausalLM``); 
 
 from __future__ import annotations
 
-import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -58,18 +57,11 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def weights_hash(d: Path) -> str:
-    """Short content hash of a checkpoint: SHA-256 over its weight files' sizes and first/last MiB."""
-    h = hashlib.sha256()
-    files = sorted(list(d.glob("*.safetensors")) + list(d.glob("pytorch_model*.bin")))
-    for f in files:
-        size = f.stat().st_size
-        h.update(f.name.encode() + str(size).encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            if size > 2 << 20:
-                fh.seek(-(1 << 20), 2)
-                h.update(fh.read())
-    return h.hexdigest()[:16]
+    """The checkpoint's identity: SHA-256 of every byte of its weight files (``io_utils.weights_sha256``; streamed,
+    cached by path, size and mtime)."""
+    from hylo_bench.io_utils import weights_sha256
+
+    return weights_sha256(d)
 
 
 def layout_name(model) -> str:
@@ -80,6 +72,23 @@ def layout_name(model) -> str:
     n_mla = len(cfg.mla_layers)
     suffix = "GDN" if cfg.linear_type == "gdn" else "M2"
     return f"{n_mla}MLA{cfg.n_layer - n_mla}{suffix}"
+
+
+def _load_transformers(auto_cls, d: Path, dtype: torch.dtype, device: str):
+    """A plain transformers checkpoint, its ``config.json`` checked first (``upcycle.checks.read_hf_config``).
+
+    Raises:
+        ValueError: a bad config.json (file, key, value), or one transformers cannot build a model from.
+    """
+    from hylo_bench.upcycle.checks import read_hf_config
+
+    read_hf_config(d, "model")
+    try:
+        return auto_cls.from_pretrained(d, dtype=dtype).to(device)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise ValueError(f"{d / 'config.json'}: transformers cannot build a model from it "
+                         f"({type(e).__name__}: {first})") from None
 
 
 def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None = None):
@@ -99,7 +108,7 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
+    from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir, warn_bad_weights
 
     device = check_device(device or default_device())
     dtype = dtype or default_dtype(device)
@@ -107,8 +116,8 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
     if (d / HYBRID_CONFIG_NAME).is_file():
         model, kind = load_hylo(d, dtype=dtype, device=device), "hybrid"
     else:
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device)
-        kind = "transformer"
+        model, kind = _load_transformers(AutoModelForCausalLM, d, dtype, device), "transformer"
+        warn_bad_weights(d, model)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(d)
     name = "demo-teacher" if spec == "demo" else str(spec).rstrip("/")  # as typed: distinct paths, distinct names

@@ -21,6 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hylo_bench.io_utils import read_text_utf8
+
 logger = logging.getLogger(__name__)
 
 HYBRID_CONFIG_NAME = "hybrid_config.json"
@@ -122,6 +124,38 @@ def parse_layout(layout: str, n_layer: int) -> tuple[list[int], str]:
         raise ValueError(f"--layout {layout!r} has {n_mla}+{n_lin}={n_mla + n_lin} layers; the base model has "
                          f"{n_layer}")
     return default_mla_layers(n_layer, n_mla), ("gdn" if kind == "GDN" else "mamba")
+
+
+POSITIVE_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def read_hf_config(d: Path, flag: str) -> dict[str, Any]:
+    """A checkpoint's ``config.json``, checked as far as a model build depends on it.
+
+    Raises:
+        FileNotFoundError: no ``config.json``. ValueError: not UTF-8, not a JSON object, or a size key (hidden_size,
+            num_hidden_layers, ...) that is not a positive integer (file, key and value named).
+    """
+    path = d / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {d}: no config.json; expected a Llama / Qwen3 checkpoint directory "
+                                f"(config.json, weights, tokenizer files)")
+    try:
+        cfg = json.loads(read_text_utf8(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    for key in POSITIVE_CONFIG_KEYS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{path}: {key} = {value!r}; expected a positive integer")
+    if not isinstance(cfg.get("model_type"), str):
+        raise ValueError(f"{path}: model_type = {cfg.get('model_type')!r}; expected the model family, e.g. 'llama'")
+    return cfg
 
 
 class HybridFields:
@@ -365,9 +399,32 @@ class HybridFields:
             out["A_init_range"] = tuple(float(v) for v in cfg["A_init_range"])
         return out
 
+    def _positive_sizes(self) -> None:
+        """Sizes a model is built from must be positive (``info`` once printed -1,632,756 parameters)."""
+        keys = ["vocab_size", "hidden_size", "intermediate_size", "n_layer", "max_position_embeddings"]
+        if self.mla_layers:
+            keys += ["num_attention_heads", "num_key_value_heads", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"]
+            keys += ["q_lora_rank"] if self.q_lora_rank is not None else []
+        if self.linear_type == "gdn" and len(self.mla_layers) < self.n_layer:
+            keys += ["gdn_num_heads", "gdn_head_dim", "gdn_conv_size"]
+        for key in keys:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"hybrid config key {key!r} = {value!r}; expected a positive integer")
+        if self.mla_layers and (isinstance(self.qk_nope_head_dim, bool) or not isinstance(self.qk_nope_head_dim, int)
+                                or self.qk_nope_head_dim < 0):
+            raise ValueError(f"hybrid config key 'qk_nope_head_dim' = {self.qk_nope_head_dim!r}; expected an "
+                             f"integer >= 0")
+        for key in ("rms_norm_eps", "mla_rope_theta") + (("gdn_expand_v",) if "gdn_num_heads" in keys else ()):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                name = "rope_theta" if key == "mla_rope_theta" else key
+                raise ValueError(f"hybrid config key {name!r} = {value!r}; expected a positive number")
+
     def _validate(self) -> None:
         if self.linear_type not in ("gdn", "mamba"):
             raise ValueError(f"hybrid config key 'linear_type' = {self.linear_type!r}; expected 'gdn' or 'mamba'")
+        self._positive_sizes()
         bad = [i for i in self.mla_layers if not 0 <= i < self.n_layer]
         if bad:
             raise ValueError(f"hybrid config key 'mla_layers' has indices {bad} outside [0, {self.n_layer}) "
@@ -575,10 +632,16 @@ class HybridFields:
                 raise FileNotFoundError(f"{p}: not found; a HyLo checkpoint needs config.json and "
                                         f"hybrid_config.json")
             try:
-                dicts.append(json.loads(p.read_text()))
+                dicts.append(json.loads(read_text_utf8(p)))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{p}: not valid JSON ({e})") from e
-        return cls.from_dicts(dicts[0], dicts[1], source=str(d))
+            if not isinstance(dicts[-1], dict):
+                raise ValueError(f"{p}: expected a JSON object, got {type(dicts[-1]).__name__}")
+        try:
+            return cls.from_dicts(dicts[0], dicts[1], source=str(d))
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(str(d)) else f"{d / HYBRID_CONFIG_NAME}: {msg}") from None
 
 
 class HybridSpec(HybridFields):

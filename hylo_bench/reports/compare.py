@@ -15,8 +15,9 @@ from typing import Any
 import pandas as pd
 from sqlalchemy.engine import Engine
 
-from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.io_utils import WEIGHT_PATTERNS, atomic_write_text, weights_sha256
 from hylo_bench.reports import store
+from hylo_bench.reports.ingest import LM_EVAL_PERCENT_METRICS
 from hylo_bench.reports.paper import PAPER_TABLES, load_paper_tables, paper_tables_path
 
 Z_95 = 1.959963984540054
@@ -87,19 +88,50 @@ def paper_side(spec: str, paper_path: str | Path | None = None) -> Side:
     return Side(label=f"paper:{spec}", description=desc, metrics=_frame(records))
 
 
-def store_side(engine: Engine, spec: str) -> Side:
-    """A run id or a model name as stored; for a model, each metric's value comes from its latest run.
+def _identity(runs: pd.DataFrame, spec: str) -> tuple[pd.DataFrame, set[str]]:
+    """Runs of the model ``spec`` names (its stored name, its checkpoint path, a weights hash or a prefix of 12+ hex
+    digits, or a local checkpoint folder, hashed here), widened to every run of the same weights: one model,
+    whatever name each command stored it under (``tiny`` from ``upcycle``, ``runs/tiny`` from ``ruler``)."""
+    hashes = runs["model_hash"].fillna("")
+    named = (runs["model"] == spec) | (runs["checkpoint"] == spec)
+    if len(spec) >= 12 and all(c in "0123456789abcdef" for c in spec.lower()):
+        named |= hashes.str.startswith(spec.lower())
+    ids = set(hashes[named & (hashes != "")])
+    path = Path(spec).expanduser()
+    if path.is_dir() and any(path.glob(p) for p in WEIGHT_PATTERNS):
+        ids.add(weights_sha256(path))
+        named |= runs["checkpoint"].isin([str(path), str(path.resolve())])
+    return runs[named | hashes.isin(ids)], ids
 
-    RULER per-task scores also yield a ``ruler_mean`` row per length (mean over the tasks present, se of the mean).
+
+def store_side(engine: Engine, spec: str) -> Side:
+    """A run id or a model as stored (:func:`_identity`); for a model, each metric's value comes from its latest
+    finished run. Runs stored as ``running`` (interrupted) are left out and named in the description; a run id
+    selects that run whatever its status.
+
+    RULER per-task scores also yield a ``ruler_mean`` row per length (mean over the tasks present).
 
     Raises:
-        ValueError: nothing stored under ``spec``; lists the stored model names.
+        ValueError: nothing stored under ``spec`` (lists the stored model names), or only unfinished runs.
     """
     runs = store.runs_frame(engine)
+    unfinished = runs["status"] == "running"
+    notes = []
     if spec.isdigit() and int(spec) in set(runs["id"]):
         chosen = runs[runs["id"] == int(spec)]
+        if bool(unfinished[chosen.index].any()):
+            notes.append("UNFINISHED run: the command was interrupted or is still running")
+        hashes = set(chosen["model_hash"].dropna())
     else:
-        chosen = runs[runs["model"] == spec]
+        chosen, hashes = _identity(runs, spec)
+        left_out = chosen[unfinished[chosen.index]]
+        if not left_out.empty:
+            if len(left_out) == len(chosen):
+                raise ValueError(f"{spec!r}: only unfinished runs ({', '.join(map(str, left_out['id']))}: interrupted "
+                                 f"or still running); finish them (e.g. `hylo-bench ruler --resume`), or pass a run "
+                                 f"id to compare one as it is")
+            notes.append(f"left out unfinished run(s) {', '.join(map(str, left_out['id']))}")
+            chosen = chosen[~unfinished[chosen.index]]
     if chosen.empty:
         models = ", ".join(sorted(runs["model"].unique())) or "none (run `hylo-bench import` first)"
         raise ValueError(f"{spec!r} is neither a stored run id nor a stored model name; stored models: {models}")
@@ -110,18 +142,23 @@ def store_side(engine: Engine, spec: str) -> Side:
     records = df[_KEY + ["value", "n", "stderr"]].to_dict("records")
     records += _ruler_means(df)
     ids = ", ".join(str(i) for i in sorted(df["run_id"].unique()))
-    return Side(label=spec, description=f"{spec} (run {ids})", metrics=_frame(records))
+    names = sorted(set(chosen["model"]) - {spec})
+    who = "; weights " + ", ".join(h[:12] for h in sorted(hashes)) if hashes else ""
+    also = f"; also stored as {', '.join(names)}" if names else ""
+    desc = f"{spec} (run {ids}{who}{also}" + "".join(f"; {n}" for n in notes) + ")"
+    return Side(label=spec, description=desc, metrics=_frame(records))
 
 
 def _ruler_means(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """One ``ruler_mean`` row per length: the plain mean of the task scores, ``n`` = the samples of all its tasks
+    (the mean of equally sized tasks is the pooled share of ``n`` samples; None when a task's n is unknown)."""
     ruler = df[(df["metric"] == "score") & df["seq_len"].notna() & (df["task"] != RULER_MEAN_TASK)]
     out = []
     for seq_len, part in ruler.groupby("seq_len"):
-        ses = [_stderr(r.value, r.n, r.stderr) for r in part.itertuples()]
-        se = None if any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)) / len(ses)
+        ns = [None if pd.isna(n) else int(n) for n in part["n"]]
         out.append({"task": RULER_MEAN_TASK, "seq_len": int(seq_len), "metric": "score",
-                    "value": math.fsum(part["value"]) / len(part), "n": None, "stderr": se,
-                    "num_tasks": len(part)})  # fmt: skip
+                    "value": math.fsum(part["value"]) / len(part), "n": None if None in ns else sum(ns),
+                    "stderr": None, "num_tasks": len(part)})  # fmt: skip
     return out
 
 
@@ -133,17 +170,55 @@ def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
-def _stderr(value: float, n: Any, stderr: Any) -> float | None:
-    """Standard error in score units: the stored one, else binomial from ``n`` for a 0-100 score.
+def _is_share(metric: str) -> bool:
+    """Scores that are a share of n samples on 0-100: RULER's ``score``, lm-eval accuracies (``acc``, ...)."""
+    return metric == "score" or metric.partition(",")[0] in LM_EVAL_PERCENT_METRICS
 
-    The binomial uses the Agresti-Coull adjusted proportion (x + 2) / (n + 4) so 0 % and 100 % keep a width.
+
+def wilson_interval(p: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion ``p`` (in [0, 1]) observed on ``n`` samples.
+
+    Reference: E. B. Wilson, JASA 22 (1927) 209-212; Newcombe, Stat. Med. 17 (1998) 857-872, method 3:
+    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n). Inside [0, 1] by construction, and never zero-width
+    for n > 0 (0 of 20: [0, 0.1611]).
     """
-    if stderr is not None and not pd.isna(stderr):
-        return float(stderr)
-    if n is None or pd.isna(n) or int(n) <= 0 or not 0.0 <= value <= 100.0:
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2.0 * n)) / denom
+    half = z * math.sqrt(max(p * (1.0 - p), 0.0) / n + z * z / (4.0 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def _side_interval(metric: str, value: float, n: Any, stderr: Any) -> tuple[float, float] | None:
+    """95 % interval of one side's value in its own units; None when neither ``n`` nor a stderr is known.
+
+    A share with a known ``n``: Wilson on value / 100 (a stored lm-eval stderr is not used: it is 0 at 0 % and
+    100 %). Otherwise value -+ 1.96 stderr, clipped to [0, 100] for a share.
+    """
+    known_n = n is not None and not pd.isna(n) and int(n) > 0
+    if _is_share(metric) and known_n and 0.0 <= value <= 100.0:
+        lo, hi = wilson_interval(value / 100.0, int(n))
+        return 100.0 * lo, 100.0 * hi
+    if stderr is None or pd.isna(stderr):
         return None
-    p = (value / 100.0 * int(n) + 2.0) / (int(n) + 4.0)
-    return 100.0 * math.sqrt(p * (1.0 - p) / (int(n) + 4.0))
+    lo, hi = value - Z_95 * float(stderr), value + Z_95 * float(stderr)
+    return (max(lo, 0.0), min(hi, 100.0)) if _is_share(metric) else (lo, hi)
+
+
+def delta_interval(base: float, cand: float, base_ci: tuple[float, float] | None,
+                   cand_ci: tuple[float, float] | None, sign: float = 1.0) -> tuple[float, float]:
+    """95 % interval of ``sign * (cand - base)`` from the two sides' intervals (a side without one counts as exact).
+
+    Reference: Newcombe, Stat. Med. 17 (1998) 873-890, method 10 (the hybrid score interval for a difference of
+    proportions, from each side's Wilson interval): L = d - sqrt((c - l_c)^2 + (u_b - b)^2),
+    U = d + sqrt((u_c - c)^2 + (b - l_b)^2), d = c - b; with symmetric normal intervals it is d -+ 1.96 sqrt(se_b^2 +
+    se_c^2).
+    """
+    lb, ub = base_ci or (base, base)
+    lc, uc = cand_ci or (cand, cand)
+    if sign < 0:  # lower is better: d = base - cand, the roles of the sides swap
+        base, cand, (lb, ub), (lc, uc) = cand, base, (lc, uc), (lb, ub)
+    d = cand - base
+    return d - math.hypot(cand - lc, ub - base), d + math.hypot(uc - cand, base - lb)
 
 
 def resolve_side(engine: Engine | None, spec: str, paper_path: str | Path | None = None) -> Side:
@@ -158,8 +233,11 @@ def resolve_side(engine: Engine | None, spec: str, paper_path: str | Path | None
 def compare_sides(base: Side, cand: Side, threshold: float = 1.0) -> Comparison:
     """Per metric delta = cand - base (sign flipped for lower-is-better metrics such as perplexity) with a 95 % CI.
 
-    A metric regresses when delta < -threshold AND the CI upper bound is below 0 (with no stderr on either side
-    the CI has zero width, so the threshold alone decides).
+    The CI is Newcombe's interval for a difference (:func:`delta_interval`) from each side's Wilson interval for a
+    score that is a share of n samples (RULER, lm-eval accuracies), else from a stored stderr; for shares it is
+    clipped to the range of a difference of two 0-100 scores, [-100, 100]. A metric regresses when
+    delta < -threshold AND the CI upper bound is below 0 (with no n or stderr on either side the CI has zero width,
+    so the threshold alone decides).
 
     Raises:
         ValueError: ``threshold`` is negative.
@@ -170,15 +248,17 @@ def compare_sides(base: Side, cand: Side, threshold: float = 1.0) -> Comparison:
     both = merged[merged["_merge"] == "both"].copy()
     rows = []
     for r in both.itertuples():
-        se_b, se_c = _stderr(r.value_base, r.n_base, r.stderr_base), _stderr(r.value_cand, r.n_cand, r.stderr_cand)
-        ses = [s for s in (se_b, se_c) if s is not None]
-        se = math.sqrt(sum(s * s for s in ses)) if ses else None
+        ci_b = _side_interval(r.metric, r.value_base, r.n_base, r.stderr_base)
+        ci_c = _side_interval(r.metric, r.value_cand, r.n_cand, r.stderr_cand)
         sign = -1.0 if any(w in r.metric for w in _LOWER_IS_BETTER) else 1.0
         delta = sign * (r.value_cand - r.value_base)
-        half = Z_95 * se if se is not None else 0.0
+        lo, hi = delta_interval(r.value_base, r.value_cand, ci_b, ci_c, sign)
+        if _is_share(r.metric):
+            lo, hi = max(lo, -100.0), min(hi, 100.0)
         rows.append({"task": r.task, "seq_len": r.seq_len, "metric": r.metric, "base": r.value_base,
-                     "cand": r.value_cand, "delta": delta, "ci_low": delta - half, "ci_high": delta + half,
-                     "has_ci": se is not None, "regression": bool(delta < -threshold and delta + half < 0)})
+                     "cand": r.value_cand, "delta": delta, "ci_low": lo, "ci_high": hi,
+                     "has_ci": ci_b is not None or ci_c is not None,
+                     "regression": bool(delta < -threshold and hi < 0)})
     cols = ["task", "seq_len", "metric", "base", "cand", "delta", "ci_low", "ci_high", "has_ci", "regression"]
     out = pd.DataFrame(rows, columns=cols)
     only = merged[merged["_merge"] != "both"]

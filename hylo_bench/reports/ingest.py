@@ -20,8 +20,11 @@ from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "sweep", "lm-eval", "eval-json", "eval-summary")
 # Keys a RULER results file / upcycle manifest gains while its run goes on; the natural key leaves them out so
 # re-importing a grown file extends the same run instead of adding a new one.
-_RULER_GROWING = ("records", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec")
-_MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc")
+_RULER_GROWING = ("records", "mean", "avg", "weighted_avg_inc", "weighted_avg_dec", "status")
+_MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc", "model_hash")
+RUN_STATUSES = ("running", "complete")
+"""``running``: the command was still writing the file (or was killed); ``complete``: it finished. Files written
+before statuses existed are complete."""
 # lm-eval reports these on a 0-1 scale; the store keeps every accuracy-like score on 0-100 like RULER and the paper.
 LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
 
@@ -60,6 +63,30 @@ class RunRecord:
     metrics: list[Metric]
     train_log: list[dict[str, Any]]
     points: list[dict[str, Any]]
+    status: str = "complete"  # one of RUN_STATUSES
+
+
+def check_value(value: Any, where: str, scale: str) -> float:
+    """A metric value checked by kind: ``scale`` is ``"proportion"`` (in [0, 1]), ``"score"`` (in [0, 100]) or
+    ``"finite"`` (any finite number).
+
+    Raises:
+        ValueError: naming ``where`` (the field) and the value: not a number, NaN / infinite, or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    lo, hi = {"proportion": (0.0, 1.0), "score": (0.0, 100.0), "finite": (-math.inf, math.inf)}[scale]
+    if not lo <= value <= hi:
+        what = "a proportion in [0, 1]" if scale == "proportion" else "a score in [0, 100]"
+        raise ValueError(f"{where}: expected {what}, got {value!r}")
+    return float(value)
+
+
+def _percent_metric(name: str) -> bool:
+    """Whether a metric (``acc`` or ``exact_match,strict-match``) is an accuracy-like share (0-1 in lm-eval)."""
+    return name.partition(",")[0] in LM_EVAL_PERCENT_METRICS
 
 
 def content_hash(obj: Any) -> str:
@@ -118,11 +145,15 @@ def _ruler_file(obj: dict[str, Any], source: str) -> RunRecord:
                       flavor=r["flavor"],
                       extra={k: r[k] for k in extra_keys} | {k: rec[k] for k in optional if k in rec})
                for r, rec in zip(rows, obj["records"])]
+    status = obj.get("status", "complete")
+    if status not in RUN_STATUSES:
+        raise ValueError(f"status: expected one of {RUN_STATUSES}, got {status!r}")
     header = _without(obj, _RULER_GROWING)
     return RunRecord(natural_key=content_hash(header), kind="ruler", source=source, model=model["name"],
                      checkpoint=model["path"], model_hash=model["hash"], layout=model["layout"], git_sha=obj["git_sha"],
                      hylo_bench_version=obj["hylo_bench_version"], device=(obj.get("config") or {}).get("device"),
-                     config=header, created_utc=_iso(obj["created_utc"]), metrics=metrics, train_log=[], points=[])
+                     config=header, created_utc=_iso(obj["created_utc"]), metrics=metrics, train_log=[], points=[],
+                     status=status)
 
 
 def _ruler_json(obj: dict[str, Any], source: str) -> RunRecord:
@@ -161,10 +192,14 @@ def _manifest(obj: dict[str, Any], source: str) -> RunRecord:
                                  "tokens")} for r in rows]
     hcfg = obj.get("hybrid_config") or {}
     header = _without(obj, _MANIFEST_GROWING)
+    model_hash = obj.get("model_hash")
+    if model_hash is not None and not isinstance(model_hash, str):
+        raise ValueError(f"model_hash: expected a hex string, got {model_hash!r}")
     return RunRecord(natural_key=content_hash(header), kind="upcycle", source=source, model=label,
-                     checkpoint=out, model_hash=None, layout=_layout(hcfg), git_sha=obj.get("git_sha"),
+                     checkpoint=out, model_hash=model_hash, layout=_layout(hcfg), git_sha=obj.get("git_sha"),
                      hylo_bench_version=obj.get("hylo_bench_version"), device=obj.get("device"), config=header,
-                     created_utc=_iso(obj["created_utc"]), metrics=[], train_log=train, points=[])
+                     created_utc=_iso(obj["created_utc"]), metrics=[], train_log=train, points=[],
+                     status="complete" if obj.get("finished_utc") else "running")
 
 
 def _layout(hybrid_config: dict[str, Any]) -> str | None:
@@ -200,6 +235,7 @@ def _benchmark(obj: dict[str, Any], source: str, *, allow_empty: bool = False) -
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"records[{i}].{key}: expected a number (or null), got {value!r}")
+            check_value(value, f"records[{i}].{key}", "finite")
         if "seq_len" in rec and rec["seq_len"] is not None and (
                 not isinstance(rec["seq_len"], int) or isinstance(rec["seq_len"], bool) or rec["seq_len"] <= 0):
             raise ValueError(f"records[{i}].seq_len: expected a positive number of tokens, got {rec['seq_len']!r}")
@@ -235,9 +271,11 @@ def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
                 continue
             stderr = res.get(f"{name}_stderr,{filt}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
-            scale = 100.0 if name in LM_EVAL_PERCENT_METRICS else 1.0
+            percent = name in LM_EVAL_PERCENT_METRICS
+            value = check_value(value, f"results.{task}.{key}", "proportion" if percent else "finite")
+            scale = 100.0 if percent else 1.0
             metrics.append(Metric(task=task, seq_len=None, metric=name if filt == "none" else f"{name},{filt}",
-                                  value=float(value) * scale, n=n if isinstance(n, int) else None,
+                                  value=value * scale, n=n if isinstance(n, int) else None,
                                   stderr=None if stderr is None else stderr * scale, flavor="lm-eval"))
     if not metrics:
         raise ValueError("results: no numeric 'metric,filter' entries found")
@@ -250,8 +288,11 @@ def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
     date = obj.get("date")
     created = datetime.fromtimestamp(date, timezone.utc).isoformat(timespec="seconds") \
         if isinstance(date, (int, float)) else _now()
+    ours = cfg.get("hylo_model") if isinstance(cfg.get("hylo_model"), dict) else {}  # `hylo-bench eval` adds it
+    model_hash = ours.get("hash") if isinstance(ours.get("hash"), str) else None
     return RunRecord(natural_key=content_hash(obj), kind="lm-eval", source=source, model=str(model),
-                     checkpoint=None if checkpoint is None else str(checkpoint), model_hash=None, layout=None,
+                     checkpoint=None if checkpoint is None else str(checkpoint), model_hash=model_hash,
+                     layout=ours.get("layout") if isinstance(ours.get("layout"), str) else None,
                      git_sha=obj.get("git_hash"), hylo_bench_version=None,
                      device=None if cfg.get("device") is None else str(cfg.get("device")),
                      config={k: obj[k] for k in ("config", "versions", "n-shot", "n-samples") if k in obj},
@@ -269,9 +310,8 @@ def _eval_scores(obj: dict[str, Any], n_samples: dict[str, Any]) -> list[Metric]
         n = n_samples.get(task)
         n = n.get("effective") if isinstance(n, dict) else n
         for metric, value in by_metric.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"scores.{task}.{metric}: expected a number, got {value!r}")
-            metrics.append(Metric(task=task, seq_len=None, metric=metric, value=float(value),
+            value = check_value(value, f"scores.{task}.{metric}", "score" if _percent_metric(metric) else "finite")
+            metrics.append(Metric(task=task, seq_len=None, metric=metric, value=value,
                                   n=n if isinstance(n, int) else None, stderr=None, flavor="lm-eval"))
     return metrics
 

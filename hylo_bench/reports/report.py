@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.io_utils import atomic_write_text, check_output_path
 from hylo_bench.reports.results import load_manifests, load_results, models_table, ruler_means, task_tables
 
 _TEMPLATE = "plotly_white"
@@ -274,6 +274,9 @@ def build_report(
     results_dir, out_html = Path(results_dir), Path(out_html)
     if out_html.is_dir():
         raise ValueError(f"-o {str(out_html)!r} is a directory; give the HTML file to write, e.g. {out_html / 'report.html'}")
+    check_output_path(out_html, "-o", is_dir=False)
+    if images_dir is not None:
+        check_output_path(images_dir, "--images", is_dir=True)
     if not files_only:
         from hylo_bench.reports.store_report import build_store_report
 

@@ -126,6 +126,8 @@ def parse_ruler_run(obj: dict[str, Any], run_file: str) -> list[dict[str, Any]]:
     for key, value in obj["mean"].items():
         if not key.isdigit() or isinstance(value, bool) or not isinstance(value, _NUMBER):
             raise ValueError(f"mean: expected {{seq_len: score}} with integer keys, got {key!r}: {value!r}")
+        if not 0.0 <= value <= 100.0:  # also rejects NaN
+            raise ValueError(f"mean.{key}: expected a score in 0-100, got {value!r}")
     if not obj["records"]:
         raise ValueError("records: expected at least one record, got []")
     rows, seen = [], set()
@@ -139,6 +141,9 @@ def parse_ruler_run(obj: dict[str, Any], run_file: str) -> list[dict[str, Any]]:
         for key in ("n", "nulls"):
             if rec[key] < 0:
                 raise ValueError(f"{where}{key}: expected a count >= 0, got {rec[key]}")
+        if not math.isfinite(rec["prompt_tokens_mean"]) or rec["prompt_tokens_mean"] < 0:
+            raise ValueError(f"{where}prompt_tokens_mean: expected a finite token count >= 0, got "
+                             f"{rec['prompt_tokens_mean']!r}")
         if (rec["task"], rec["seq_len"]) in seen:
             raise ValueError(f"records[{i}]: duplicate record for task {rec['task']!r} at seq_len {rec['seq_len']}")
         seen.add((rec["task"], rec["seq_len"]))
@@ -176,6 +181,8 @@ def parse_manifest(obj: dict[str, Any], run: str, manifest_file: str) -> list[di
         _check_fields(stage, _STAGE_FIELDS, f"stages[{i}].")
         for j, entry in enumerate(stage["losses"]):
             _check_fields(entry, _LOSS_FIELDS, f"stages[{i}].losses[{j}].")
+            if not math.isfinite(entry["loss"]):
+                raise ValueError(f"stages[{i}].losses[{j}].loss: expected a finite number, got {entry['loss']!r}")
             rows.append({
                 "run": run, "manifest_file": manifest_file, "stage_index": i, "stage": stage["name"],
                 "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"], "tokens_seen": stage["tokens_seen"],
@@ -248,6 +255,13 @@ def load_results(results_dir: str | Path, strict: bool = False) -> pd.DataFrame:
     found, skipped = _scan(root, RULER_KIND, warn=True)
     rows = []
     for path, obj in found:
+        if obj.get("status") == "running":  # a run still writing, or killed: not mixed with finished ones
+            done, planned = len(obj.get("records") or []), obj.get("planned")
+            of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
+            logger.warning("skipping %s: unfinished run (%d%s results)", path, done, of)
+            reason = f"unfinished run (it holds {done}{of} results; the command was interrupted or is still running)"
+            skipped.append((str(path), f"{reason}: left out"))
+            continue
         try:
             rows.extend(parse_ruler_run(obj, path.relative_to(root).as_posix()))
         except ValueError as exc:

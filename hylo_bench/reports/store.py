@@ -6,13 +6,17 @@ Scores are 0-100, context lengths in tokens. Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, TypeVar
 
 import pandas as pd
 import sqlalchemy as sa
@@ -24,10 +28,16 @@ logger = logging.getLogger(__name__)
 
 DB_ENV = "HYLO_BENCH_DB"
 DB_FILENAME = "hylo_bench.sqlite"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+"""How long one SQLite statement waits for another process's write lock (``ruler`` runs and ``import`` writing one
+store at the same time) before :func:`write_transaction` retries the whole transaction."""
+WRITE_RETRY_S = 300.0
+"""Total time :func:`write_transaction` keeps retrying a write that found the database locked or busy."""
+_T = TypeVar("_T")
 
 
 def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
-    """The tables as they are at schema ``version`` (1 or 2), defined on ``md``."""
+    """The tables as they are at schema ``version`` (1, 2 or 3), defined on ``md``."""
     tables = {"schema_version": sa.Table(
         "schema_version", md, sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("applied_utc", sa.String(40), nullable=False))}
@@ -47,6 +57,8 @@ def _define_tables(md: sa.MetaData, version: int) -> dict[str, sa.Table]:
         sa.Column("config_json", sa.Text, nullable=False),
         sa.Column("created_utc", sa.String(40), nullable=False),
         sa.Column("imported_utc", sa.String(40), nullable=False),
+        # "running" while the command was still writing (or was killed), "complete" after; NULL: stored before v3
+        *([sa.Column("status", sa.String(16))] if version >= 3 else []),
     )
     extra = [sa.Column("extra_json", sa.Text)] if version >= 2 else []
     tables["metrics"] = sa.Table(
@@ -103,7 +115,12 @@ def _migrate_2(conn: Connection) -> None:
     md.create_all(conn, tables=[tables["train_log"], tables["points"]])
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2}
+def _migrate_3(conn: Connection) -> None:
+    """Version 3: ``runs.status`` (a killed ``ruler`` run stays ``running``; report and compare leave it out)."""
+    conn.execute(sa.text("ALTER TABLE runs ADD COLUMN status VARCHAR(16)"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
 SCHEMA_VERSION = max(MIGRATIONS)
 # The current schema, for queries; tables are only ever created by the migrations.
 metadata = sa.MetaData()
@@ -135,8 +152,69 @@ def current_version(conn: Connection) -> int:
     return conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0
 
 
+def _is_lock_error(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return isinstance(exc, sa.exc.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def write_transaction(engine: Engine, work: Callable[[Connection], _T]) -> _T:
+    """Run ``work(conn)`` in one write transaction and commit; on SQLite retried (from the start, after a rollback)
+    while the database is locked or busy, for up to :data:`WRITE_RETRY_S` seconds.
+
+    On SQLite the transaction starts with ``BEGIN IMMEDIATE``: it takes the write lock before reading, so two
+    writers queue on the busy timeout instead of one failing when it upgrades its read snapshot to a write.
+
+    Raises:
+        sqlalchemy.exc.OperationalError: still locked after :data:`WRITE_RETRY_S` seconds; what ``work`` raises.
+    """
+    deadline = time.monotonic() + WRITE_RETRY_S
+    delay = 0.05
+    while True:
+        try:
+            with _write_connection(engine) as conn:
+                return work(conn)
+        except sa.exc.OperationalError as exc:
+            if engine.dialect.name != "sqlite" or not _is_lock_error(exc) or time.monotonic() > deadline:
+                raise
+            logger.debug("results store busy (%s); retrying in %.2f s", exc, delay)
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+
+@contextlib.contextmanager
+def _write_connection(engine: Engine) -> Iterator[Connection]:
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect().execution_options(sqlite_write=True) as conn, conn.begin():
+        yield conn
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    """SQLite for several writing processes: WAL (readers never block the writer), a busy timeout, and
+    transactions that SQLAlchemy opens itself (``BEGIN IMMEDIATE`` for writes, see :func:`write_transaction`)
+    instead of pysqlite's implicit ones (the pattern of SQLAlchemy's SQLite dialect docs, "Serializable isolation /
+    Savepoints / Transactional DDL")."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # no implicit BEGIN / COMMIT by pysqlite
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            cur.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_write") else "BEGIN")
+
+
 def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
-    """Apply the migrations after the database's version up to ``target``, each in its own transaction.
+    """Apply the migrations after the database's version up to ``target``, each in its own write transaction that
+    first re-reads the version (two processes opening a new store at once apply each migration once).
 
     Returns:
         The version after migrating.
@@ -144,15 +222,20 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     Raises:
         ValueError: the database is newer than this hylo-bench (upgrade hylo-bench), or not a hylo-bench store.
     """
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         version = current_version(conn)
     if version > SCHEMA_VERSION:
         raise ValueError(f"the results store has schema version {version}, this hylo-bench knows up to "
                          f"{SCHEMA_VERSION}; upgrade hylo-bench")
+
+    def step(conn: Connection, number: int) -> None:
+        if current_version(conn) >= number:
+            return
+        MIGRATIONS[number](conn)
+        conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+
     for number in range(version + 1, target + 1):
-        with engine.begin() as conn:
-            MIGRATIONS[number](conn)
-            conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+        write_transaction(engine, lambda conn, number=number: step(conn, number))
     return max(version, target)
 
 
@@ -177,6 +260,8 @@ def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-res
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise ValueError(f"results store URL {url!r}: {exc}; use a file path or e.g. sqlite:///results.sqlite, "
                          f"postgresql://user@host/db") from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_setup(engine)
     try:
         migrate(engine)
     except sa.exc.SQLAlchemyError as exc:
@@ -209,20 +294,37 @@ def save_runs(engine: Engine, records: Iterable[RunRecord]) -> list[SaveOutcome]
         ValueError: a record holds a different value for a metric or logged step already stored for the same run
             (the store is append-only); names the source, the row and both values.
     """
-    with engine.begin() as conn:
-        return [_save_one(conn, rec) for rec in records]
+    records = list(records)
+    return write_transaction(engine, lambda conn: [_save_one_checked(conn, rec) for rec in records])
+
+
+def _save_one_checked(conn: Connection, rec: RunRecord) -> SaveOutcome:
+    try:
+        return _save_one(conn, rec)
+    except sa.exc.IntegrityError as exc:  # a value the parsers let through and the schema refuses
+        raise ValueError(f"{rec.source}: the results store refused a row ({str(exc.orig or exc).splitlines()[0]});"
+                         f" nothing was stored") from None
 
 
 def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
-    run_id = conn.execute(sa.select(runs.c.id).where(runs.c.natural_key == rec.natural_key)).scalar()
-    is_new = run_id is None
+    row = conn.execute(sa.select(runs.c.id, runs.c.status, runs.c.model_hash).where(
+        runs.c.natural_key == rec.natural_key)).first()
+    is_new = row is None
     if is_new:
         run_id = conn.execute(runs.insert().values(
             natural_key=rec.natural_key, kind=rec.kind, source=rec.source, model=rec.model, checkpoint=rec.checkpoint,
             model_hash=rec.model_hash, layout=rec.layout, git_sha=rec.git_sha,
             hylo_bench_version=rec.hylo_bench_version, device=rec.device,
             config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=_now(),
+            status=rec.status,
         )).inserted_primary_key[0]  # fmt: skip
+    else:
+        run_id = row.id
+        # a grown file: a run that finished since, or an upcycle manifest that now names its final weights
+        update = {k: v for k, v in (("status", rec.status), ("model_hash", rec.model_hash))
+                  if v is not None and v != getattr(row, k)}
+        if update:
+            conn.execute(runs.update().where(runs.c.id == run_id).values(**update))
     stored = {(r.task, r.seq_len, r.metric): r.value for r in conn.execute(
         sa.select(metrics.c.task, metrics.c.seq_len, metrics.c.metric, metrics.c.value).where(
             metrics.c.run_id == run_id))}
@@ -273,6 +375,23 @@ def import_files(engine: Engine, paths: Iterable[str | Path]) -> list[SaveOutcom
     if not records:
         raise ValueError("no files given; pass one or more results JSON files")
     return save_runs(engine, records)
+
+
+def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable[str | Path]) -> list[SaveOutcome]:
+    """``hylo-bench import``: parse every file, then open the store and save them all in one transaction; a bad
+    file leaves the store (even a store not created yet) as it was.
+
+    Raises:
+        ValueError: as :func:`import_files`, or the store cannot be opened.
+    """
+    records = [parse_file(p) for p in paths]
+    if not records:
+        raise ValueError("no files given; pass one or more results JSON files")
+    engine = open_store(db, results_dir)
+    try:
+        return save_runs(engine, records)
+    finally:
+        engine.dispose()
 
 
 def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
@@ -360,7 +479,8 @@ def metrics_frame(engine: Engine, run_ids: list[int] | None = None) -> pd.DataFr
     Args:
         run_ids: Only these runs (all runs when ``None``).
     """
-    query = sa.select(metrics, runs.c.model, runs.c.kind, runs.c.created_utc, runs.c.source).join(runs)
+    query = sa.select(metrics, runs.c.model, runs.c.kind, runs.c.created_utc, runs.c.source,
+                      runs.c.status.label("run_status"), runs.c.model_hash).join(runs)
     if run_ids is not None:
         query = query.where(metrics.c.run_id.in_(run_ids))
     with engine.connect() as conn:
@@ -385,17 +505,38 @@ def points_frame(engine: Engine) -> pd.DataFrame:
     return pd.DataFrame([{"run_id": r.run_id, "benchmark": r.benchmark} | json.loads(r.record_json) for r in rows])
 
 
-def ruler_rows(engine: Engine) -> list[dict[str, Any]]:
+def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
+    """``(run id, source, reason)`` of every results run (not an upcycle manifest: its training log is shown as it
+    grows) stored as ``running`` (a command still writing it, or killed): the reason says how many of its planned
+    (task, length) pairs it holds."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(runs.c.id, runs.c.source, runs.c.config_json).where(
+            runs.c.status == "running", runs.c.kind != "upcycle").order_by(runs.c.id)).all()
+        counts = dict(conn.execute(sa.select(metrics.c.run_id, sa.func.count()).group_by(metrics.c.run_id)).all())
+    out = []
+    for r in rows:
+        planned = json.loads(r.config_json).get("planned")
+        of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
+        reason = (f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
+                  f"or is still running): left out")
+        out.append((int(r.id), r.source, reason))
+    return out
+
+
+def ruler_rows(engine: Engine, *, include_unfinished: bool = False) -> list[dict[str, Any]]:
     """RULER rows of every stored RULER run, in the shape of ``results.parse_ruler_run`` output.
 
     The run's stored header (``config_json``, our results-file header) gives the model block and provenance;
     runs saved without one (e.g. through :func:`save_runs` by other tools) fall back to the ``runs`` columns.
+    Runs stored as ``running`` (:func:`unfinished_runs`) are left out unless ``include_unfinished``.
     """
     query = sa.select(metrics, runs.c.config_json, runs.c.source, runs.c.model.label("run_model"),
                       runs.c.layout.label("run_layout"), runs.c.model_hash.label("run_model_hash"),
                       runs.c.checkpoint.label("run_checkpoint"), runs.c.git_sha.label("run_git_sha"),
                       runs.c.hylo_bench_version.label("run_version"), runs.c.created_utc.label("run_created"),
                       ).join(runs).where(runs.c.kind == "ruler")  # fmt: skip
+    if not include_unfinished:
+        query = query.where(sa.or_(runs.c.status.is_(None), runs.c.status != "running"))
     with engine.connect() as conn:
         stored = conn.execute(query.order_by(metrics.c.id)).all()
     out, headers = [], {}

@@ -74,6 +74,7 @@ def load_store(engine, models: list[str] | None = None) -> StoreData:
     if runs.empty:
         raise ValueError(f"no results in the store {url}; run `hylo-bench import FILE...` first")
     metrics = store.metrics_frame(engine)
+    metrics = metrics[metrics["run_status"] != "running"]  # unfinished runs: listed as skipped by the caller
     metrics = metrics.sort_values(["created_utc", "run_id"], kind="stable")
     metrics = metrics.drop_duplicates(["model", "task", "seq_len", "metric"], keep="last")
     losses = store.train_log_frame(engine).reindex(columns=LOSS_COLUMNS)
@@ -345,7 +346,7 @@ def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, tit
     else:
         engine = store.open_store(db, results_dir, create=False)
     data = load_store(engine, models)
-    data.skipped = skipped
+    data.skipped = skipped + [(source, reason) for _, source, reason in store.unfinished_runs(engine)]
     rep = build(data, title or f"hylo-bench report: {Path(results_dir).resolve().name}")
     atomic_write_text(out_html, rep.html)
     notes = export(rep, images_dir) if images_dir is not None else []

@@ -248,7 +248,19 @@ def estimate(cfg, *, weight_params: int, fp32_params: int = 0, gpu_mem_bytes: in
         JSON-ready dict: ``kv_cache_bytes_per_token``, ``state_bytes_per_sequence``, ``weight_bytes``,
         backbone figures, ``kv_cache_pct_of_base``, ``vllm`` page layout, and with ``gpu_mem_bytes``
         ``max_context_tokens`` ``{"hybrid", "backbone"}`` and vLLM capacity.
+
+    Raises:
+        ValueError: ``gpu_util`` outside (0, 1] (a fraction, as vLLM's ``gpu_memory_utilization``), negative
+            ``reserve_bytes``, or a non-positive ``gpu_mem_bytes`` / ``max_model_len``.
     """
+    if isinstance(gpu_util, bool) or not isinstance(gpu_util, (int, float)) or not 0.0 < gpu_util <= 1.0:
+        raise ValueError(f"--gpu-util {gpu_util!r}: expected a fraction of GPU memory in (0, 1], e.g. 0.92")
+    if reserve_bytes < 0:
+        raise ValueError(f"--reserve {reserve_bytes} bytes: expected >= 0")
+    if gpu_mem_bytes is not None and gpu_mem_bytes <= 0:
+        raise ValueError(f"--gpu-mem {gpu_mem_bytes} bytes: expected > 0")
+    if max_model_len is not None and max_model_len <= 0:
+        raise ValueError(f"--max-model-len {max_model_len}: expected a positive number of tokens")
     kv = kv_cache_bytes_per_token(cfg)
     base_kv = backbone_kv_cache_bytes_per_token(cfg)
     state = state_bytes_per_sequence(cfg, ssm_dtype_bytes, conv_dtype_bytes)

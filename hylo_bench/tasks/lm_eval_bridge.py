@@ -18,10 +18,12 @@ Mamba-2 states (tested: batched == unbatched).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import os
 import re
 import tempfile
 from datetime import datetime, timezone
@@ -33,7 +35,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import hylo_bench
-from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.io_utils import atomic_write_json, check_output_path, git_sha
 from hylo_bench.tasks.workers import launched_world_size, run_workers
 
 logger = logging.getLogger(__name__)
@@ -116,11 +118,15 @@ class HyLoLM(HFLM):
             raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
 
         kwargs.pop("backend", None)
+        self._loaded: Any = None
         if isinstance(pretrained, str):
             if device and str(device).startswith("cuda") and not torch.cuda.is_available():
                 raise ValueError(f"device: {device!r} requested but no CUDA GPU is visible (lm_eval's CLI defaults to "
                                  "cuda); pass --device cpu")
             model, tokenizer, info = load_model(pretrained, device=device, dtype=parse_dtype(dtype))
+            # HFLM left-truncates every request to max_length itself; the tokenizer's own model_max_length (a
+            # loading default) would only add a false "indexing errors" warning for longer documents
+            tokenizer.model_max_length = max(int(max_length), int(getattr(tokenizer, "model_max_length", 0) or 0))
         else:
             if tokenizer is None:
                 raise ValueError("HyLoLM(pretrained=<nn.Module>) needs tokenizer=<HF tokenizer>; or pass "
@@ -132,10 +138,19 @@ class HyLoLM(HFLM):
             tokenizer.pad_token = tokenizer.eos_token
         self.model_info = info
         self._max_gen_toks = int(max_gen_toks)
-        super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                         max_batch_size=int(max_batch_size),
-                         max_length=None if max_length is None else int(max_length), add_bos_token=add_bos_token,
-                         **kwargs)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if isinstance(pretrained, str) and not distributed:
+            # HFLM's loading path with its documented hooks (_get_config / _create_model, as lm-eval's own
+            # MambaLMWrapper) handing over the model loaded above: no "pretrained is not of type str" warning. Under a
+            # process group the built module is passed instead (HFLM would set up accelerate's own ranks and devices).
+            self._loaded = model
+            super().__init__(pretrained=pretrained, tokenizer=tokenizer, backend="causal", device=str(model.device),
+                             batch_size=batch_size, max_batch_size=int(max_batch_size), max_length=None if max_length is None else int(max_length),
+                             add_bos_token=add_bos_token, **kwargs)
+        else:
+            super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                             max_batch_size=int(max_batch_size), max_length=None if max_length is None else int(max_length),
+                             add_bos_token=add_bos_token, **kwargs)
         from hylo_bench.tasks.ruler.decoding import resolve_engine
 
         self.engine = resolve_engine(self.model, engine)
@@ -187,6 +202,18 @@ class HyLoLM(HFLM):
         if not context_enc:
             context_enc = [self.prefix_token_id]
         return context_enc, continuation_enc
+
+    def _get_config(self, pretrained: str, **kwargs: Any) -> None:
+        """HFLM hook: the config of the model loaded in ``__init__`` (HFLM would read ``config.json`` again)."""
+        if self._loaded is None:
+            return super()._get_config(pretrained, **kwargs)
+        self._config = self._loaded.config
+
+    def _create_model(self, pretrained: str, **kwargs: Any) -> None:
+        """HFLM hook: the model loaded in ``__init__`` by ``load_model`` (HyLo hybrid or transformers)."""
+        if self._loaded is None:
+            return super()._create_model(pretrained, **kwargs)
+        self._model = self._loaded
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate ``tensor`` (a 0-d count or [n]) over the ranks along dim 0, on CPU through the process
@@ -345,6 +372,7 @@ class EvalConfig:
             raise ValueError(f"max_length: expected >= 16 tokens, got {self.max_length}")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ValueError(f"data_dir: {str(self.data_dir)!r} is not a directory; expected DIR/<task>/<split>.jsonl")
+        check_output_path(self.output_dir, "--output-dir", is_dir=True)
         parse_dtype(self.dtype)
 
     def to_dict(self) -> dict:
@@ -363,9 +391,7 @@ def _task_yaml(task: str) -> Path:
     root = Path(lm_eval.tasks.__file__).parent
     if task in _KNOWN_YAMLS and (root / _KNOWN_YAMLS[task]).is_file():
         return root / _KNOWN_YAMLS[task]
-    from lm_eval.tasks import TaskManager
-
-    entry = TaskManager().task_index.get(task)
+    entry = default_task_manager().task_index.get(task)
     if entry is None or entry.yaml_path is None or str(entry.kind) not in ("Kind.TASK", "TASK", "task"):
         raise ValueError(f"--data-dir: {task!r} is not a single lm-eval task with a YAML (groups and tags cannot be "
                          f"read from local files; list their member tasks instead)")
@@ -466,10 +492,41 @@ def evaluate_lm(lm: Any, cfg: EvalConfig, task_manager: Any = None) -> dict:
                 local_task_dir(cfg.tasks, cfg.data_dir, tmp, cfg.num_fewshot)
                 task_manager = TaskManager(include_path=tmp, include_defaults=False)
             else:
-                task_manager = TaskManager()
-        return simple_evaluate(model=lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=cfg.limit,
-                               task_manager=task_manager, log_samples=cfg.log_samples, random_seed=cfg.seed,
-                               bootstrap_iters=100000)
+                task_manager = default_task_manager()
+        with _quiet_git_probe():
+            return simple_evaluate(model=lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                                   task_manager=task_manager, log_samples=cfg.log_samples, random_seed=cfg.seed,
+                                   bootstrap_iters=100000)
+
+
+@contextlib.contextmanager
+def _quiet_git_probe():
+    """Run ``simple_evaluate`` with lm-eval's git-hash probe made quiet outside a git checkout.
+
+    lm-eval 0.4.13 (``lm_eval.loggers.utils.get_git_commit_hash``, called by ``lm_eval.evaluator``) runs
+    ``git describe --always`` with the terminal's stderr, so every ``eval`` outside a checkout printed "fatal: not
+    a git repository" (EleutherAI/lm-evaluation-harness#1691, #2625; no option turns the probe off). The
+    replacement runs the same command with stderr captured and keeps its result (the same fallback to
+    ``get_commit_from_path(cwd)``); the original is put back on exit. The one patch of lm-eval internals here.
+    """
+    import subprocess
+
+    from lm_eval import evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_commit_hash() -> str | None:
+        try:
+            out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=True)
+            return out.stdout.strip()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = git_commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 def _safe(name: str) -> str:
@@ -551,10 +608,59 @@ def _evaluate_and_save_worker(cfg: EvalConfig, device: str, rank: int, world_siz
     return _evaluate_and_save(cfg, device)  # HyLoLM reads rank and world size from the process group
 
 
+def check_tasks(cfg: EvalConfig) -> Any:
+    """Check ``cfg.tasks`` before a model is loaded: with ``data_dir``, every task's YAML and local files
+    (:func:`local_task_dir`, into a temporary folder); else that lm-eval knows each name.
+
+    Returns:
+        The ``TaskManager`` that was built for the check (None with ``data_dir``), for :func:`evaluate_lm`.
+
+    Raises:
+        ValueError: an unknown task (with the closest known names), a group with ``data_dir``.
+        FileNotFoundError: a local file a task needs is missing (the path named).
+    """
+    if cfg.data_dir is not None:
+        with tempfile.TemporaryDirectory(prefix="hylo-lmeval-check-") as tmp:
+            local_task_dir(cfg.tasks, cfg.data_dir, tmp, cfg.num_fewshot)
+        return None
+    import difflib
+
+    manager = default_task_manager()
+    known = set(manager.all_tasks)
+    unknown = [t for t in cfg.tasks if t not in known]
+    if unknown:
+        hints = {t: difflib.get_close_matches(t, sorted(known), n=3) for t in unknown}
+        shown = ", ".join(f"{t!r}" + (f" (closest: {', '.join(h)})" if h else "") for t, h in hints.items())
+        raise ValueError(f"--tasks: {shown} {'is' if len(unknown) == 1 else 'are'} not a task, group or tag that "
+                         f"lm-eval {_lm_eval_version()} knows; `lm-eval ls tasks` lists them, e.g. "
+                         f"{','.join(PAPER_TASKS)}")
+    return manager
+
+
+@functools.lru_cache(maxsize=1)
+def default_task_manager() -> Any:
+    """lm-eval's ``TaskManager`` over its own task YAMLs, built once per process (it indexes ~14k files)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+def _lm_eval_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("lm_eval")
+
+
 def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:
+    manager = check_tasks(cfg)
     lm = HyLoLM(pretrained=cfg.model, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size,
                 max_batch_size=cfg.max_batch_size, max_length=cfg.max_length, engine=cfg.engine)
-    res = evaluate_lm(lm, cfg)
+    try:
+        res = evaluate_lm(lm, cfg, task_manager=manager)
+    except ConnectionError as exc:  # datasets' error for a Hub dataset it cannot fetch (offline, no cache)
+        raise ValueError(f"--tasks {','.join(cfg.tasks)}: lm-eval could not load a task's dataset from the Hugging "
+                         f"Face Hub ({exc}); offline, pass --data-dir DIR with DIR/<task>/<split>.jsonl (the Hub "
+                         f"dataset's columns), or run once with network access to fill the datasets cache") from None
     if res is None:  # lm-eval returns the results on rank 0 only
         return None
     lm_eval_path, path = _save(res, lm, cfg)

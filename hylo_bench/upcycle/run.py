@@ -28,18 +28,19 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import atomic_write_json, git_sha
-from hylo_bench.models.config import default_mla_layers, parse_layout
+from hylo_bench.io_utils import atomic_write_json, fault_point, git_sha, weights_sha256
+from hylo_bench.models.spec import default_mla_layers, parse_layout
+from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
-from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, save_selection
 from hylo_bench.upcycle.stages import Stage, parse_stages
-from hylo_bench.upcycle.train import distributed as dist_utils
-from hylo_bench.upcycle.train.distributed import DistContext
+
+if TYPE_CHECKING:  # torch and the training modules load in run(), after the settings are checked
+    import torch
+
+    from hylo_bench.upcycle.train.distributed import DistContext
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class UpcycleConfig:
     init_from: str | None = None  # start from this HyLo checkpoint (e.g. a shared ILD run) instead of the init
     results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
     db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
+    overwrite: bool = False  # write into an --out that holds files this run did not write (checks.check_out_dir)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -197,7 +199,7 @@ def _auto_select(cfg: UpcycleConfig, base, tokenizer, seq_len: int, out: Path, c
     """
     from rich.console import Console
 
-    from hylo_bench.upcycle.select import select_layers
+    from hylo_bench.upcycle.select import SELECTION_FILE, auto_layout, render_selection, select_layers
 
     if cfg.mla_layers is not None:
         raise ValueError(f"--layout {cfg.layout}: chooses the MLA layers itself; drop --mla-layers")
@@ -258,19 +260,21 @@ def _check_linear_type(linear_type: str, layout: str) -> None:
                          f"layout or recipe")
 
 
-def _load_hf(spec: str, device: str, dtype: torch.dtype):
+def _load_hf(spec: str, device: str, dtype: torch.dtype, flag: str = "--base"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+    from hylo_bench.models.checkpoint import resolve_checkpoint_dir, warn_bad_weights
+    from hylo_bench.upcycle.checks import check_model_spec
 
     d = resolve_checkpoint_dir(spec)
-    if (d / "hybrid_config.json").is_file():
-        raise ValueError(f"{spec}: is already a HyLo hybrid; --base/--teacher must be a Llama or Qwen3 checkpoint")
-    if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{d}: no tokenizer files (tokenizer.json / tokenizer_config.json); save the "
-                                f"tokenizer next to the weights (tokenizer.save_pretrained(dir))")
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
+    check_model_spec(str(d), flag)  # a hub download is checked as a local folder is before it
+    try:
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{flag} {spec}: transformers cannot build a model from {d / 'config.json'} "
+                         f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r})") from None
     model.requires_grad_(False)
+    warn_bad_weights(d, model)
     return model, AutoTokenizer.from_pretrained(d), d
 
 
@@ -281,6 +285,7 @@ def _save_student(student, tokenizer, d: Path, ctx: DistContext | None = None) -
     """Write the student in the released layout; a sharded student is merged first (collective) and written by
     rank 0 only."""
     from hylo_bench.models.checkpoint import save_hylo
+    from hylo_bench.upcycle.train import distributed as dist_utils
 
     if ctx is None:
         save_hylo(student, d)
@@ -295,6 +300,8 @@ def _save_student(student, tokenizer, d: Path, ctx: DistContext | None = None) -
 
 def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistContext | None):
     """The student saved after a finished stage: a fresh model, or loaded into the sharded one under torchrun."""
+    import torch
+
     from hylo_bench.models.checkpoint import load_hylo
 
     if ctx is None:
@@ -302,6 +309,7 @@ def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistConte
     from safetensors.torch import load_file
 
     from hylo_bench.models.checkpoint import WEIGHTS_NAME
+    from hylo_bench.upcycle.train import distributed as dist_utils
 
     dist_utils.load_full_state_dict(student, {k: v.float() for k, v in load_file(stage_dir / WEIGHTS_NAME).items()})
     return student
@@ -335,10 +343,16 @@ def run(cfg: UpcycleConfig) -> dict:
     Under ``torchrun`` joins the process group (NCCL on GPU, gloo on CPU), trains with FSDP2 and leaves the group
     at the end; see the module docstring.
 
+    Every setting and path is checked first, before torch is imported (:mod:`hylo_bench.upcycle.checks`).
+
     Raises:
-        ValueError: on bad settings (layout, stages, data) with the offending flag named.
+        ValueError: on bad settings (layout, stages, data, an --out holding another model) with the flag named.
         FileNotFoundError: unresolvable base/teacher/data.
     """
+    validate_config(cfg)
+    check_upcycle_config(cfg)
+    from hylo_bench.upcycle.train import distributed as dist_utils
+
     ctx = dist_utils.init_distributed(cfg.device)
     try:
         return _run(cfg, ctx)
@@ -348,36 +362,42 @@ def run(cfg: UpcycleConfig) -> dict:
 
 
 def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
-    from hylo_bench.models.loading import default_device
-    from hylo_bench.upcycle.data import load_corpus
+    import torch
+
+    from hylo_bench.models.loading import check_device, default_device
+    from hylo_bench.upcycle.data import load_corpus, load_documents
+    from hylo_bench.upcycle.select import auto_layout, save_selection
+    from hylo_bench.upcycle.train import distributed as dist_utils
     from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import TrainLog, peak_flops_for
     from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
 
     out = Path(cfg.out)
-    validate_config(cfg)
-    device = ctx.device if ctx is not None else cfg.device or default_device()
+    device = ctx.device if ctx is not None else check_device(cfg.device or default_device())
     main = ctx is None or ctx.is_main
     logger.info("%s", ctx.describe() if ctx is not None else f"single process on {device} (no torchrun)")
     stages: list[Stage] = parse_stages(cfg.stages, cfg.tokens_per_stage)
+    # the data is read before any model loads: a bad document fails in seconds, and before OUT is created
+    corpus = load_corpus(cfg.data, cfg.decontam, cfg.chat_template)
+    if corpus.docs is None and corpus.mixture is None and cfg.data != "demo":
+        corpus.docs = load_documents(cfg.data)
+    decontam_report = corpus.decontam_report
     teacher_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     base, tokenizer, base_dir = _load_hf(cfg.base, device, torch.float32)
-    teacher = base if cfg.teacher in (None, cfg.base) else _load_hf(cfg.teacher, device, teacher_dtype)[0]
+    teacher = base if cfg.teacher in (None, cfg.base) else _load_hf(cfg.teacher, device, teacher_dtype,
+                                                                    "--teacher")[0]
     if teacher.config.vocab_size != base.config.vocab_size:
         raise ValueError(f"--teacher vocab size {teacher.config.vocab_size} != base vocab size "
                          f"{base.config.vocab_size}; distillation needs the same tokenizer")
-    corpus = load_corpus(cfg.data, cfg.decontam, cfg.chat_template)
-    decontam_report = corpus.decontam_report
     held_len = min(stages[0].seq_len_tokens, 1024)
     selection, init_from = None, None
     if cfg.init_from is not None:
         from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
-        from hylo_bench.models.loading import weights_hash
 
         init_dir = resolve_checkpoint_dir(cfg.init_from)
         student = load_hylo(init_dir, dtype=torch.float32, device=device)
         hcfg = student.config
-        init_from = {"path": str(init_dir), "weights_hash": weights_hash(init_dir)}
+        init_from = {"path": str(init_dir), "weights_hash": weights_sha256(init_dir)}
     else:
         if auto_layout(cfg.layout) is not None:
             selection = _auto_select(cfg, base, tokenizer, held_len, out, corpus)
@@ -411,7 +431,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
                 "chat_template": "base tokenizer's" if cfg.chat_template is None else cfg.chat_template}
     if cfg.decontam:
         settings["decontam"] = list(cfg.decontam)
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
     dist_utils.barrier()  # every rank has read the old manifest before rank 0 rewrites it
     if manifest and manifest.get("settings") != settings:
         old = manifest.get("settings", {})
@@ -460,7 +480,9 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     finally:
         train_log.close()
     _save_student(student, tokenizer, out, ctx)
+    fault_point("upcycle:final_saved")
     manifest["final_checkpoint"] = str(out)
+    manifest["model_hash"] = weights_sha256(out)  # the identity `ruler` / `eval` record for this checkpoint
     manifest["finished_utc"] = _now()
     _write_json(manifest_path, manifest, ctx)
     if main:
@@ -478,6 +500,9 @@ def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) ->
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
                 device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
+    import torch
+
+    from hylo_bench.upcycle.train import distributed as dist_utils
     from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import train_flops_per_token
     from hylo_bench.upcycle.train.trainer import StageOptions, train_stage
@@ -512,6 +537,15 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                             save_every=cfg.save_every, stage_index=i, peak_flops=peak_flops,
                             flops_per_token=train_flops_per_token(student, base if stage.kind == "ild" else teacher,
                                                                   stage.kind))
+        resume = _resume_path(out, ctx)
+        if entry["status"] == "pending" and resume.exists():
+            # this stage never logged a step, so the mid-stage state is an earlier, finished stage's (a kill
+            # between that stage's "done" and the removal of its state): loading it would skip or mix steps
+            logger.info("%s: left by a finished stage; stage %s starts from its first step", resume, stage.name)
+            if ctx is None:
+                resume.unlink()
+            else:
+                dist_utils.remove_checkpoint(resume, ctx)
         entry["status"] = "running"
 
         def on_log(res, entry=entry):
@@ -520,9 +554,10 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             _write_json(manifest_path, manifest, ctx)
 
         res = train_stage(student, base if stage.kind == "ild" else teacher, stage, windows, opts,
-                          _resume_path(out, ctx), on_log=on_log if ctx is None or ctx.is_main else None,
+                          resume, on_log=on_log if ctx is None or ctx.is_main else None,
                           train_log=train_log, dist_ctx=ctx, position_ids=position_ids, kl_mask=kl_mask)
         on_log(res)
+        fault_point("upcycle:stage_trained")
         entry["heldout_after"] = eval_heldout(student, teacher, held_out) if held_out is not None else None
         entry["kl_after"] = entry["heldout_after"]["kl"] if held_out is not None else None
         if cfg.save_stage_checkpoints:
@@ -530,9 +565,11 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
             entry["checkpoint"] = str(stage_dir)
             if "sampler_state_end" in entry:
                 _write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"], ctx)
+        fault_point("upcycle:stage_saved")
         entry["status"] = "done"
         entry["finished_utc"] = _now()
         _write_json(manifest_path, manifest, ctx)
+        fault_point("upcycle:stage_done")
         if ctx is None or ctx.is_main:
             _record_in_store(manifest, manifest_path, cfg)
         if ctx is None:

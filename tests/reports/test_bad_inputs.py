@@ -80,3 +80,60 @@ def test_unusable_device_is_refused_before_loading():
             check_device("cuda")
         result = invoke("sweep", "demo", "--contexts", "256", "--device", "cuda", "--no-store", "--out", "x.json")
         assert result.exit_code == 2 and "sees no CUDA device" in plain(result.output)
+
+
+def _lm_eval_with(task: str, key: str, value) -> dict:
+    from tests.reports.test_store import LM_EVAL
+
+    obj = json.loads(json.dumps(LM_EVAL))
+    obj["results"][task][key] = value
+    return obj
+
+
+@pytest.mark.parametrize("name, obj, field, shown", [
+    ("nan-acc", _lm_eval_with("arc_easy", "acc,none", float("nan")), "results.arc_easy.acc,none", "nan"),
+    ("inf-perplexity", _lm_eval_with("wikitext", "word_perplexity,none", float("inf")),
+     "results.wikitext.word_perplexity,none", "inf"),
+    ("acc-750-percent", _lm_eval_with("arc_easy", "acc,none", 7.5), "results.arc_easy.acc,none",
+     "expected a proportion in [0, 1], got 7.5"),
+    ("ruler-inf-score", ruler_run("hylo-a", {("vt", 4096): float("inf")}, "2026-05-01T10:00:00Z") | {
+        "mean": {"4096": 50.0}}, "records[0].score", "inf"),
+    ("ruler-nan-mean", ruler_run("hylo-a", {("vt", 4096): 50.0}, "2026-05-01T10:00:00Z") | {
+        "mean": {"4096": float("nan")}}, "mean.4096", "nan"),
+    ("eval-json-acc-over-100", {"model": "m", "scores": {"arc_easy": {"acc": 750.0}}, "n_samples": {}},
+     "scores.arc_easy.acc", "expected a score in [0, 100], got 750.0"),
+    ("eval-json-nan", {"model": "m", "scores": {"wikitext": {"word_perplexity": float("nan")}}, "n_samples": {}},
+     "scores.wikitext.word_perplexity", "nan"),
+    ("bench-inf", {"benchmark": "x", "records": [{"seq_len": 8192, "ttft_s": float("inf")}]}, "records[0].ttft_s",
+     "inf"),
+])
+def test_non_finite_and_out_of_range_metrics_are_rejected_naming_file_field_value(tmp_path: Path, name, obj, field,
+                                                                                   shown):
+    """NaN once died in sqlite (IntegrityError traceback); inf and an accuracy of 7.5 were stored and drawn."""
+    from tests.snapshot import changes, tree_snapshot
+
+    work = tmp_path / "w"
+    db = work / "s.sqlite"
+    store.save_runs(store.open_store(db), [ruler_record("kept", {("vt", 4096): 80.0}, 100, "kept")])
+    bad = work / f"{name}.json"
+    bad.write_text(json.dumps(obj), encoding="utf-8")  # json writes NaN / Infinity, as Python's json reads them
+    before = tree_snapshot(work)
+    result = invoke("import", str(bad), "--db", str(db))
+    out = plain(result.output)
+    assert result.exit_code == 2, out
+    assert str(bad) in out and field in out and shown in out and "nothing was imported" in out, out
+    assert changes(before, tree_snapshot(work)) == []
+    # into a store that does not exist yet: not even the store is created
+    result = invoke("import", str(bad), "--db", str(tmp_path / "fresh" / "s.sqlite"))
+    assert result.exit_code == 2 and not (tmp_path / "fresh").exists()
+
+
+def test_manifest_with_a_nan_loss_is_rejected(tmp_path: Path):
+    from tests.reports.test_store import MANIFEST
+
+    obj = json.loads(json.dumps(MANIFEST))
+    obj["stages"][0]["losses"][1]["loss"] = float("nan")
+    bad = write_json(tmp_path / "manifest.json", obj)
+    result = invoke("import", str(bad), "--db", str(tmp_path / "s.sqlite"))
+    out = plain(result.output)
+    assert result.exit_code == 2 and "stages[0].losses[1].loss: expected a finite number, got nan" in out, out

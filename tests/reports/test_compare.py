@@ -56,17 +56,64 @@ def test_noise_within_the_interval_exits_0(db: Path):
     assert "no regression" in plain(result.output)
 
 
+def _wilson_by_hand(x: float, n: int) -> tuple[float, float]:
+    """Wilson (1927) as printed in Newcombe (1998), eq. for method 3, written out anew for the test."""
+    z2 = 1.959963984540054 ** 2
+    p = x / n
+    root = math.sqrt(4 * n * p * (1 - p) + z2)
+    return ((2 * n * p + z2 - 1.959963984540054 * root) / (2 * (n + z2)),
+            (2 * n * p + z2 + 1.959963984540054 * root) / (2 * (n + z2)))
+
+
+def test_wilson_interval_against_published_values():
+    # Newcombe (1998), Stat. Med. 17:857, Table II, Wilson score method without continuity correction
+    for (x, n), want in {(81, 263): (0.2553, 0.3662), (15, 148): (0.0624, 0.1605), (0, 20): (0.0, 0.1611),
+                         (1, 29): (0.0061, 0.1718)}.items():
+        assert C.wilson_interval(x / n, n) == pytest.approx(want, abs=5e-5)
+        assert C.wilson_interval(x / n, n) == pytest.approx(_wilson_by_hand(x, n), abs=1e-12)
+
+
 def test_threshold_and_interval_arithmetic(db: Path):
     engine = store.open_store(db)
     cmp = C.compare_sides(C.store_side(engine, "noisy-base"), C.store_side(engine, "noisy"), threshold=0.5)
     row = cmp.rows.set_index("task").loc["niah"]
-    se_b = 100 * math.sqrt((47 / 54) * (7 / 54) / 54)  # Agresti-Coull: (0.90 * 50 + 2) / (50 + 4)
-    p_c = (0.89 * 50 + 2) / 54
-    se_c = 100 * math.sqrt(p_c * (1 - p_c) / 54)
-    half = C.Z_95 * math.sqrt(se_b**2 + se_c**2)
+    lb, ub = _wilson_by_hand(45, 50)  # base 90 % of 50
+    lc, uc = _wilson_by_hand(44.5, 50)  # candidate 89 % of 50
+    d = 0.89 - 0.90  # Newcombe (1998) method 10 from the two Wilson intervals
+    want = (d - math.sqrt((0.89 - lc) ** 2 + (ub - 0.90) ** 2), d + math.sqrt((uc - 0.89) ** 2 + (0.90 - lb) ** 2))
     assert row["delta"] == pytest.approx(-1.0)
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx((-1.0 - half, -1.0 + half))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((100 * want[0], 100 * want[1]))
     assert not row["regression"]  # beyond the 0.5 threshold, but not beyond the interval
+
+
+def _share_side(label: str, value: float, n: int, stderr: float | None = None, metric: str = "acc") -> C.Side:
+    df = C._frame([{"task": "arc_easy", "seq_len": None, "metric": metric, "value": value, "n": n,
+                    "stderr": stderr}])  # fmt: skip
+    return C.Side(label=label, description=label, metrics=df)
+
+
+def test_intervals_respect_the_score_range_and_small_samples():
+    # a 4-sample swing, 4/4 -> 0/4, with lm-eval's stored stderr of 0 at 0 % and 100 % (a zero-width interval
+    # before): Wilson gives [0.5101, 1] and [0, 0.4899], so the delta's interval is [-100, -100 + 69.28]
+    row = C.compare_sides(_share_side("a", 100.0, 4, 0.0), _share_side("b", 0.0, 4, 0.0)).rows.iloc[0]
+    lb, _ = _wilson_by_hand(4, 4)
+    _, uc = _wilson_by_hand(0, 4)
+    assert row["delta"] == -100.0 and row["has_ci"]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((-100.0, -100.0 + 100 * math.hypot(uc, 1 - lb)))
+    assert row["ci_high"] - row["ci_low"] > 60 and row["regression"]
+    # a stderr-only share (no n) near the ends: each side's normal interval is clipped to [0, 100] first
+    # (98 -+ 39.2 -> [58.8, 100], 3 -+ 39.2 -> [0, 42.2]), so the delta's stays inside [-100, 100]
+    row = C.compare_sides(_share_side("a", 98.0, None, 20.0, "score"), _share_side("b", 3.0, None, 20.0,
+                                                                                 "score")).rows.iloc[0]
+    half = C.Z_95 * 20.0
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((-95.0 - math.hypot(3.0, 2.0),
+                                                             -95.0 + math.hypot(half, half)))
+    # every interval of every compared row lies in the range of a difference of 0-100 scores
+    for n in (1, 2, 4, 20):
+        for a in (0.0, 25.0, 100.0):
+            for b in (0.0, 50.0, 100.0):
+                r = C.compare_sides(_share_side("a", a, n), _share_side("b", b, n)).rows.iloc[0]
+                assert -100.0 <= r["ci_low"] < r["delta"] + 1e-9 and r["delta"] - 1e-9 < r["ci_high"] <= 100.0
 
 
 def test_metrics_on_one_side_are_reported(db: Path):
@@ -84,8 +131,7 @@ def test_run_ids_and_derived_ruler_mean(db: Path):
     assert side.label == "1" and "run 1" in side.description
     mean = side.metrics.set_index("task").loc[C.RULER_MEAN_TASK]
     assert mean["value"] == pytest.approx((90 + 80 + 60) / 3) and mean["num_tasks"] == 3
-    ses = [C._stderr(v, 100, None) for v in (90.0, 80.0, 60.0)]
-    assert mean["stderr"] == pytest.approx(math.sqrt(sum(s * s for s in ses)) / 3)
+    assert mean["n"] == 300 and pd.isna(mean["stderr"])  # the mean's interval: Wilson on the 300 samples
 
 
 def test_unknown_side_lists_stored_models(db: Path):

@@ -179,14 +179,17 @@ def test_migrates_a_version_1_database(files: dict[str, Path], tmp_path: Path):
         conn.executescript(V1_DDL)
     engine = store.open_store(db)
     with engine.connect() as conn:
-        assert store.current_version(conn) == store.SCHEMA_VERSION == 2
+        assert store.current_version(conn) == store.SCHEMA_VERSION == 3
     old = store.metrics_frame(engine)
     assert old[["model", "task", "seq_len", "value", "n"]].values.tolist() == [["old-model", "vt", 4096, 87.25, 50]]
     store.import_files(engine, [files["ruler"], files["upcycle"], files["benchmark"]])
     assert store.table_counts(engine) == {"runs": 4, "metrics": 1 + len(SCORES["hylo-a"]), "train_log": 2,
                                           "points": 2}  # fmt: skip
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
+        assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+        # the old run: NULL (finished, from before statuses); the manifest has no finished_utc yet: running
+        assert conn.execute("SELECT kind, status FROM runs ORDER BY id").fetchall() == [
+            ("ruler-json", None), ("ruler", "complete"), ("upcycle", "running"), ("benchmark", "complete")]
 
 
 def test_newer_schema_is_refused(tmp_path: Path):

@@ -96,7 +96,7 @@ def test_migrates_a_version_1_database(url: str, files: dict[str, Path]):
         assert not sa.inspect(conn).has_table("points")
     engine = store.open_store(url)
     with engine.connect() as conn:
-        assert store.current_version(conn) == 2 and sa.inspect(conn).has_table("points")
+        assert store.current_version(conn) == store.SCHEMA_VERSION and sa.inspect(conn).has_table("points")
     store.import_files(engine, [files["benchmark"]])
     assert store.table_counts(engine)["points"] == len(json.loads(BENCH_PATH.read_text())["records"])
 

@@ -23,6 +23,7 @@ INFO = {"name": "tiny/llama", "path": "/nowhere", "hash": "abc123", "layout": "t
 TOP_KEYS = {
     "kind", "hylo_bench_version", "git_sha", "created_utc", "model", "tokenizer_hash", "seed", "samples_per_task",
     "chat_template", "flavor", "records", "mean", "provenance", "avg", "weighted_avg_inc", "weighted_avg_dec",
+    "status", "planned", "run_id",
 }  # fmt: skip
 RECORD_KEYS = {
     "task", "seq_len", "score", "n", "seed", "nulls", "prompt_tokens_mean", "prompt_tokens_min", "prompt_tokens_max",

@@ -113,14 +113,16 @@ def read_haystack_text(path: str | Path | None) -> str:
     """Read an essay haystack file (UTF-8); ``None`` returns the shipped default.
 
     Raises:
-        ValueError: the file does not exist or holds no words.
+        ValueError: the file does not exist, is not UTF-8 (file and byte offset named) or holds no words.
     """
     if path is None:
         return default_haystack_text()
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"haystack_path {str(path)!r} is not a file; pass a UTF-8 text file or omit it")
-    text = path.read_text(encoding="utf-8")
+    from hylo_bench.io_utils import read_text_utf8
+
+    text = read_text_utf8(path, "--haystack")
     if not text.split():
         raise ValueError(f"haystack_path {str(path)!r} holds no words")
     return text

@@ -460,6 +460,7 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
     if missing:
         raise ValueError(f"model_info lacks {missing}; load_model must return {R.MODEL_INFO_KEYS}")
     console = console or Console(stderr=True)
+    R.check_lengths(cfg.lengths, getattr(lm, "model", None), cfg.beyond_context)
     haystack_text = read_haystack_text(cfg.haystack_path)
     qa_files = {t: resolve_qa_file(t, cfg.qa_path(t)) for t in cfg.tasks if t in QA_SOURCES}
     tok_hash = tokenizer_hash(lm.tokenizer)
@@ -485,6 +486,8 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
                 doc["records"].append(record)
                 doc["mean"] = R._means(doc["records"])
                 doc.update(weighted_averages(doc["mean"]))
+                if len(doc["records"]) == len(doc["planned"]):
+                    doc["status"] = "complete"
                 atomic_write_json(path, doc)
                 R._record_in_store(doc, path, results_dir)
                 scores.setdefault(task, {})[str(length)] = record["score"]

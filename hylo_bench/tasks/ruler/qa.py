@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.io_utils import sha256_file
+from hylo_bench.io_utils import read_text_utf8, sha256_file
 
 QA_TEMPLATE = (
     "Answer the question based on the given documents. Only give me the answer and do not output any other words."
@@ -208,7 +208,7 @@ def parse_hotpotqa(obj: Any, path: Path) -> tuple[tuple[str, ...], tuple[QAItem,
 def _load(task: str, path: str, mtime_ns: int, size: int) -> QAData:
     p = Path(path)
     try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
+        obj = json.loads(read_text_utf8(p, f"{task} data file"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not valid JSON ({e}); expected {QA_SOURCES[task].dataset} ({QA_SOURCES[task].url})")
     docs, questions = (parse_squad if task == "ruler_qa_squad" else parse_hotpotqa)(obj, p)

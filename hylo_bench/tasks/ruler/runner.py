@@ -14,6 +14,7 @@ import logging
 import platform
 import re
 import statistics
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -24,14 +25,14 @@ from rich.table import Table
 from rich.text import Text
 
 import hylo_bench
-from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.io_utils import atomic_write_json, check_output_path, check_utf8_file, fault_point, git_sha
 from hylo_bench.tasks.ruler import predictions as pred_store
-from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, load_or_generate, text_hash, tokenizer_hash
+from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.decoding import ENGINES, Decoder, make_decoder, resolve_engine
 from hylo_bench.tasks.ruler.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import check_flavor, get_task, list_tasks
-from hylo_bench.tasks.ruler.sampling import encode_prompt
+from hylo_bench.tasks.ruler.sampling import encode_prompt, fitted_size
 from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_averages
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
 BACKENDS = ("native", "lm-eval")
 """``native``: hylo-bench's RULER implementation; ``lm-eval``: lm-eval 0.4.13's ``ruler`` tasks (docs/ruler.md)."""
 SUMMARY_KEYS = ("avg", "weighted_avg_inc", "weighted_avg_dec")
+RUN_STATUSES = ("running", "complete")
+"""A results file is ``running`` from its first (task, length) until the last one is scored, then ``complete``; a
+run that was killed stays ``running`` (``report`` and ``compare`` leave such runs out and say so)."""
+SIZING_BYTES_PER_TOKEN = 400
+"""Peak memory of tokenizing one prompt, bytes per token (a fast BPE tokenizer on 1.7M tokens of the shipped essay:
+about 370 B/token of RSS). Sizing a prompt of L tokens needs about L times this."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -99,6 +106,7 @@ class RulerConfig:
     devices: int = 1
     engine: str = "auto"
     backend: str = "native"
+    beyond_context: bool = False  # allow lengths past the model's configured context (length generalisation)
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -129,12 +137,19 @@ class RulerConfig:
             raise ValueError(f"devices must be >= 1 (worker processes), got {self.devices}")
         if self.haystack_path is not None and not Path(self.haystack_path).is_file():
             raise ValueError(f"haystack_path {str(self.haystack_path)!r} is not a file; pass a text file or omit it")
+        if self.haystack_path is not None:
+            check_utf8_file(self.haystack_path, "--haystack")
+        check_output_path(self.results_dir, "--results-dir", is_dir=True)
         check_flavor(self.flavor)
         for task in self.tasks:
             if task in QA_SOURCES:
                 found, reason = locate_qa_file(task, self.qa_path(task))
                 if found is None:
                     raise FileNotFoundError(reason)
+                qa = load_qa(task, found)  # parsed (and cached) now: a bad file fails before the model loads
+                if self.samples > len(qa.questions):
+                    raise ValueError(f"{qa.path} holds {len(qa.questions)} usable questions for {task}; --samples "
+                                     f"{self.samples} asks for more: use at most {len(qa.questions)} samples")
 
     def _check_lm_eval_backend(self) -> None:
         from hylo_bench.tasks.ruler.lm_eval_backend import check_tasks
@@ -304,9 +319,111 @@ def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, ha
     }
 
 
+def model_context_tokens(model: Any) -> tuple[int, str] | None:
+    """The longest context ``model`` is configured for, in tokens, with where that number comes from: its config's
+    ``max_position_embeddings`` (for a HyLo hybrid the larger of the hybrid's and the base ``config.json``'s), or a
+    YaRN / linear / dynamic ``rope_scaling`` factor times ``original_max_position_embeddings`` when larger. None when
+    the model has no config saying so (e.g. a scripted test model)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    found: list[tuple[int, str]] = []
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append((value, f"config {attr}"))
+            break
+    base = getattr(cfg, "base_config", None)
+    if isinstance(base, dict) and isinstance(base.get("max_position_embeddings"), int):
+        found.append((base["max_position_embeddings"], "config.json max_position_embeddings"))
+    for attr in ("mla_rope_scaling", "rope_scaling"):
+        rs = getattr(cfg, attr, None)
+        if isinstance(rs, dict) and isinstance(rs.get("factor"), (int, float)) and \
+                isinstance(rs.get("original_max_position_embeddings"), int):
+            scaled = int(rs["factor"] * rs["original_max_position_embeddings"])
+            source = f"rope_scaling factor {rs['factor']:g} x original_max_position_embeddings " \
+                     f"{rs['original_max_position_embeddings']}"
+            found.append((scaled, source))
+    return max(found) if found else None
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_lengths(lengths: list[int], model: Any, beyond_context: bool = False) -> None:
+    """Refuse lengths the model cannot take or that cannot be sized here, before any sample is built.
+
+    ``beyond_context``: lengths past the model's configured context are allowed (with a warning): scoring a model
+    beyond the length it was trained at is how length generalisation is measured (the paper's 8K-trained hybrids
+    at 64K).
+
+    Raises:
+        ValueError: a length beyond :func:`model_context_tokens` (without ``beyond_context``), or one whose sizing
+            would need more than half of the available memory (:data:`SIZING_BYTES_PER_TOKEN`); the numbers are in
+            the message.
+    """
+    ctx = model_context_tokens(model)
+    if ctx is not None:
+        over = [n for n in lengths if n > ctx[0]]
+        if over and not beyond_context:
+            raise ValueError(f"--lengths {', '.join(map(str, over))} tokens: longer than the model's context of "
+                             f"{ctx[0]} tokens ({ctx[1]}); use lengths <= {ctx[0]}, or --beyond-context to score "
+                             f"the model past it (length generalisation)")
+        if over:
+            logger.warning("--lengths %s: beyond the model's context of %d tokens (%s), as asked by "
+                           "--beyond-context", ", ".join(map(str, over)), ctx[0], ctx[1])
+    avail = _available_memory_bytes()
+    if avail is not None:
+        need = max(lengths) * SIZING_BYTES_PER_TOKEN
+        if need > avail // 2:
+            raise ValueError(f"--lengths {max(lengths)} tokens: sizing one prompt of that length needs about "
+                             f"{need / 2 ** 30:.1f} GiB ({SIZING_BYTES_PER_TOKEN} bytes/token while tokenizing), more "
+                             f"than half of the {avail / 2 ** 30:.1f} GiB available; use lengths <= "
+                             f"{avail // 2 // SIZING_BYTES_PER_TOKEN}")
+
+
+def check_sizing(cfg: RulerConfig, tokenizer: Any, haystack_text: str, tok_hash: str) -> None:
+    """Size every (task, length) of ``cfg`` before anything is decoded (the probe search of
+    :func:`~hylo_bench.tasks.ruler.sampling.fitted_size`, cached, so the samples reuse it); pairs whose samples are
+    already in the cache were sized before and are skipped.
+
+    Raises:
+        ValueError: listing every (task, length) that cannot hold the task's smallest prompt, with the length each
+            needs; nothing has been decoded or written then.
+    """
+    problems = []
+    for length in cfg.lengths:
+        for task in cfg.tasks:
+            data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
+            cached = cache_path(Path(cfg.results_dir) / "cache", task, length, tok_hash, cfg.seed, data_hash,
+                                cfg.chat_template, cfg.flavor)
+            if cached.is_file() and cached.stat().st_size > 0:
+                continue
+            qa = load_qa(task, cfg.qa_path(task)) if task in QA_SOURCES else None
+            try:
+                fitted_size(task, tokenizer, length, cfg.seed, haystack_text, cfg.chat_template, cfg.flavor, qa)
+            except ValueError as exc:
+                problems.append(f"{task} @ {length}: {exc}")
+    if problems:
+        raise ValueError(f"{len(problems)} of {len(cfg.lengths) * len(cfg.tasks)} (task, length) pairs cannot be "
+                         f"sized; nothing was decoded:\n  " + "\n  ".join(problems))
+
+
 def _header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
     return {
         "kind": "ruler",
+        # the store keys a run on its header: two runs with the same settings started within one second (a resume
+        # right after a kill) are still two runs
+        "run_id": uuid.uuid4().hex,
+        "status": "running",
+        "planned": [{"task": t, "seq_len": n} for n in cfg.lengths for t in cfg.tasks],
         "hylo_bench_version": hylo_bench.__version__,
         "git_sha": prov["git_sha"],
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -417,6 +534,7 @@ def _task_predictions(
 
     def on_batch(batch: list[dict], preds: list[str]) -> None:
         pred_store.append_predictions(own, [pred_store.prediction_row(s, p) for s, p in zip(batch, preds)])
+        fault_point("ruler:predictions_appended")
         advance(len(batch))
 
     todo = [s for s in samples if s["index"] not in done][shard.rank :: shard.world_size]
@@ -484,6 +602,8 @@ def evaluate_model(
         raise ValueError(f"model_info lacks {missing}; load_model must return {MODEL_INFO_KEYS}")
     haystack_text = read_haystack_text(cfg.haystack_path)
     tok_hash = tokenizer_hash(tokenizer)
+    check_lengths(cfg.lengths, model, cfg.beyond_context)
+    check_sizing(cfg, tokenizer, haystack_text, tok_hash)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     lead = shard.rank == 0
@@ -518,8 +638,12 @@ def evaluate_model(
                 doc["records"].append(record)
                 doc["mean"] = _means(doc["records"])
                 doc.update(weighted_averages(doc["mean"]))
+                if len(doc["records"]) == len(doc["planned"]):
+                    doc["status"] = "complete"
                 atomic_write_json(path, doc)
+                fault_point("ruler:results_written")
                 _record_in_store(doc, path, results_dir)
+                fault_point("ruler:stored")
                 scores.setdefault(task, {})[str(length)] = record["score"]
     if not lead:
         return None

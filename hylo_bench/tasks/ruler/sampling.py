@@ -66,7 +66,9 @@ def render_prompt(task: RulerTask, input_text: str, gen_prefix: str, tokenizer: 
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
     """Token ids of a rendered prompt: the HF default call (special tokens added) unless the chat template
     already rendered them."""
-    return list(tokenizer(prompt, add_special_tokens=not chat_template).input_ids)
+    # verbose=False: sizing probes may run past the tokenizer's model_max_length; they are measured, never fed
+    # to the model (check_lengths bounds what is), so transformers' "indexing errors" warning would be false
+    return list(tokenizer(prompt, add_special_tokens=not chat_template, verbose=False).input_ids)
 
 
 def sizing_tokens(tokenizer: Any, prompt: str, chat_template: bool, flavor: str) -> int:
@@ -170,7 +172,7 @@ def _vt_example(tokenizer: Any, length_tokens: int, seed: int, flavor: str = "nv
         return vt_text(random.Random(example_seed), num_noises, num_hops=4, is_icl=True, flavor=flavor)
 
     def count(text: str) -> int:  # NVIDIA counts text_to_tokens (no BOS), lm-eval tokenizer(text) (BOS counted)
-        return len(tokenizer(text, add_special_tokens=flavor != "nvidia").input_ids)
+        return len(tokenizer(text, add_special_tokens=flavor != "nvidia", verbose=False).input_ids)
 
     if flavor == "nvidia":
         n = largest_fitting(lambda k: count(make(k)[0]), budget=VT_EXAMPLE_BUDGET_TOKENS, n_min=5,
@@ -256,10 +258,11 @@ def _qa_fill(tokenizer: Any, ctx: BuildContext, seed_int: int, n: int, budget: i
     assert ctx.qa is not None
     item = ctx.qa.questions[ctx.question_index]
     cands = fill_candidates(ctx.qa, item, n, random.Random(seed_int), QA_FILL_CANDIDATES)
-    overhead = len(tokenizer("\n\n" + DOCUMENT_TEMPLATE.format(i=100, document=""), add_special_tokens=False).input_ids)
+    overhead = len(tokenizer("\n\n" + DOCUMENT_TEMPLATE.format(i=100, document=""), add_special_tokens=False,
+                             verbose=False).input_ids)
     left, extra = budget - best[2], []
     for c in cands:
-        cost = len(tokenizer(ctx.qa.docs[c], add_special_tokens=False).input_ids) + overhead
+        cost = len(tokenizer(ctx.qa.docs[c], add_special_tokens=False, verbose=False).input_ids) + overhead
         if cost <= left:
             extra.append(c)
             left -= cost

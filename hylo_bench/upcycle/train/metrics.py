@@ -89,7 +89,8 @@ class TrainLog:
         self.close()
         if self.path.is_file():
             kept, dropped = [], 0
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            text = self.path.read_text(encoding="utf-8")
+            for line in text.splitlines():
                 try:
                     rec = json.loads(line)
                     keep = rec["stage_index"] < stage_index or (rec["stage_index"] == stage_index
@@ -103,6 +104,7 @@ class TrainLog:
             if dropped:
                 logger.info("%s: dropped %d lines past step %d of stage %s (resumed run)", self.path, dropped,
                             resume_step, stage_name)
+            if dropped or (text and not text.endswith("\n")):  # a write cut by a kill: end the file on a line
                 atomic_write_text(self.path, "".join(f"{x}\n" for x in kept))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from hylo_bench.io_utils import atomic_write_bytes
+from hylo_bench.io_utils import atomic_write_bytes, fault_point
 from hylo_bench.upcycle.stages import Stage
 from hylo_bench.upcycle.train import distributed as dist_utils
 from hylo_bench.upcycle.train.distributed import DistContext
@@ -199,8 +199,10 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                                              position_ids=pos, kl_mask=km)
                 (loss / accum).backward()
                 loss_sum += loss.item() / accum
+                fault_point("train:micro_backward")
             grad_norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, opts.max_grad_norm))
             opt.step()
+            fault_point("train:optimizer_step")
             memory = None
             if ctx is not None:  # global numbers for the log (every rank joins these all-reduces)
                 logs = dist_utils.mean_over_ranks({"loss": loss_sum} | logs, ctx.device)
@@ -226,6 +228,7 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                 _log_step(train_log, stage, opts, result, loss=loss_sum, lr=opt.param_groups[0]["lr"],
                           grad_norm=grad_norm, tokens_per_s=tps, step_time_s=dt, terms=logs, device=device,
                           memory=memory, n_devices=world)
+                fault_point("train:logged")
             mfu = _mfu(tps, opts, world)
             peak_gib = result.peak_memory_gib if result.peak_memory_gib is not None else \
                 peak_memory_bytes(device)[0] / 2 ** 30
@@ -236,5 +239,6 @@ def train_stage(student, teacher, stage: Stage, windows: torch.Tensor, opts: Sta
                     _save_resume_dcp(resume_path, student, opt, step + 1, result, ctx)
                 else:
                     _save_resume(resume_path, student, opt, step + 1, result)
+                fault_point("train:resume_saved")
     student.eval()
     return result
