@@ -124,9 +124,6 @@ class HyLoLM(HFLM):
                 raise ValueError(f"device: {device!r} requested but no CUDA GPU is visible (lm_eval's CLI defaults to "
                                  "cuda); pass --device cpu")
             model, tokenizer, info = load_model(pretrained, device=device, dtype=parse_dtype(dtype))
-            # HFLM left-truncates every request to max_length itself; the tokenizer's own model_max_length (a
-            # loading default) would only add a false "indexing errors" warning for longer documents
-            tokenizer.model_max_length = max(int(max_length), int(getattr(tokenizer, "model_max_length", 0) or 0))
         else:
             if tokenizer is None:
                 raise ValueError("HyLoLM(pretrained=<nn.Module>) needs tokenizer=<HF tokenizer>; or pass "
@@ -145,12 +142,19 @@ class HyLoLM(HFLM):
             # process group the built module is passed instead (HFLM would set up accelerate's own ranks and devices).
             self._loaded = model
             super().__init__(pretrained=pretrained, tokenizer=tokenizer, backend="causal", device=str(model.device),
-                             batch_size=batch_size, max_batch_size=int(max_batch_size), max_length=None if max_length is None else int(max_length),
-                             add_bos_token=add_bos_token, **kwargs)
+                             batch_size=batch_size, max_batch_size=int(max_batch_size),
+                             max_length=None if max_length is None else int(max_length), add_bos_token=add_bos_token,
+                             **kwargs)
         else:
             super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                             max_batch_size=int(max_batch_size), max_length=None if max_length is None else int(max_length),
-                             add_bos_token=add_bos_token, **kwargs)
+                             max_batch_size=int(max_batch_size),
+                             max_length=None if max_length is None else int(max_length), add_bos_token=add_bos_token,
+                             **kwargs)
+        if isinstance(pretrained, str):
+            # HFLM left-truncates every request to max_length itself; the tokenizer's own model_max_length (a
+            # loading default) would only add a false "indexing errors" warning for longer documents
+            self.tokenizer.model_max_length = max(int(self.max_length),
+                                                  int(getattr(self.tokenizer, "model_max_length", 0) or 0))
         from hylo_bench.tasks.ruler.decoding import resolve_engine
 
         self.engine = resolve_engine(self.model, engine)

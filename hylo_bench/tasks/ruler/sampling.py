@@ -80,7 +80,7 @@ def sizing_tokens(tokenizer: Any, prompt: str, chat_template: bool, flavor: str)
     the model (:func:`encode_prompt`).
     """
     if flavor == "nvidia":
-        return len(tokenizer(prompt, add_special_tokens=False).input_ids)
+        return len(tokenizer(prompt, add_special_tokens=False, verbose=False).input_ids)
     return len(encode_prompt(tokenizer, prompt, chat_template))
 
 
