@@ -139,7 +139,7 @@ def steady_tokens_per_s(train_log: Path) -> float:
 
 
 def parse_len(text: str) -> int:
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     return parse_length(text)
 
@@ -165,7 +165,7 @@ def tiny_recipes(work: Path, teacher: Path) -> dict[str, Path]:
     """The three run recipes rewritten for the tiny teacher: its architecture, default dims, small stages."""
     from transformers import AutoConfig
 
-    from hylo_bench.upcycle.student_config import default_mixer_dims
+    from hylo_bench.config.student import default_mixer_dims
 
     c = AutoConfig.from_pretrained(teacher)
     dims = default_mixer_dims(c)

@@ -89,7 +89,7 @@ def upcycle(
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
     data: Optional[str] = typer.Option(None, "--data", help="'demo' (default for the demo base), a .txt/.jsonl/"
                                        ".parquet file or directory (text or conversations), or a mixture .yaml "
-                                       "(weighted sources; see hylo_bench/upcycle/mixture.py); default with "
+                                       "(weighted sources; see hylo_bench/config/mixture.py); default with "
                                        "--recipe: the recipe's data."),
     decontam: Optional[list[str]] = typer.Option(None, "--decontam", help="Drop --data documents sharing a word "
                                                  "13-gram with these eval sets: DIR/<task>/<split>.jsonl (as for "
@@ -146,7 +146,7 @@ def upcycle(
                                             "shared ILD run's OUT) instead of initialising; its layout is kept."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
-    from hylo_bench.upcycle.recipes import resolve_upcycle_cli
+    from hylo_bench.config.upcycle import resolve_upcycle_cli
     from hylo_bench.upcycle.run import run
 
     try:
@@ -215,7 +215,7 @@ def make_data(
     teacher and long-document rows (multi-needle, multi-hop, QA over the text) at each stage length, with a
     decontamination report against RULER's prompts."""
     from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     try:
         cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
@@ -292,8 +292,8 @@ def kv(
 ) -> None:
     """Memory model: KV bytes/token, state bytes/sequence, weights, largest context per GPU, vLLM pages."""
     from hylo_bench.info import kv_report, render_kv
-    from hylo_bench.serving.memory import parse_bytes
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_bytes
+    from hylo_bench.config.units import parse_length
 
     try:
         result = kv_report(target, gpu_mem_bytes=parse_bytes(gpu_mem) if gpu_mem else None, gpu_util=gpu_util,
@@ -351,7 +351,7 @@ def ruler(
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.tasks import ruler as R
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     if list_tasks:
         typer.echo("\n".join(R.list_tasks()))
@@ -590,11 +590,11 @@ def sweep(
 ) -> None:
     """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
     from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     try:
         if device is not None:
-            from hylo_bench.models.loading import check_device
+            from hylo_bench.config.units import check_device
 
             check_device(device)  # before any worker process loads a model
         cfg = SweepConfig(

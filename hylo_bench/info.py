@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.serving import memory as M
+from hylo_bench.config import units as U
+from hylo_bench.models import memory as M
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def resolve_target(spec: str) -> Target:
         ValueError: neither a directory nor a known recipe (close recipe names listed); bad config values.
     """
     from hylo_bench.models.spec import HYBRID_CONFIG_NAME, HybridSpec
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     p = Path(spec).expanduser()
     if p.is_dir():
@@ -276,7 +277,7 @@ def describe_transformer(spec: str) -> dict[str, Any]:
 
 
 def kv_report(spec: str, **kw) -> dict[str, Any]:
-    """The ``hylo-bench kv --json`` object: :func:`hylo_bench.serving.memory.estimate` for the target, with
+    """The ``hylo-bench kv --json`` object: :func:`hylo_bench.models.memory.estimate` for the target, with
     ``max_model_len`` defaulting to its trained context. Keyword arguments go to ``estimate``."""
     t = resolve_target(spec)
     counts = parameter_counts(t.config)
@@ -310,7 +311,7 @@ def render_info(d: dict[str, Any]) -> list:
             ("parameters", f"{d['params']:,}  ({d['params_detail']['source']})"),
             ("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B bf16 = {d['kv_cache_pct_of_base']:.2f}% of "
                                  f"the backbone's {d['backbone_kv_cache_bytes_per_token']:,} B"),
-            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({M.format_bytes(d['state_bytes_per_sequence'])}"
+            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({U.format_bytes(d['state_bytes_per_sequence'])}"
                                  f"; recurrent fp32, conv bf16)"),
             ("trained context", f"{ctx:,} tokens" if ctx else "unknown"),
             ("MLA RoPE", f"theta {rope['rope_theta']:g}; {yarn}"),
@@ -360,7 +361,7 @@ def render_kv(d: dict[str, Any]) -> list:
     from rich.table import Table
 
     t = Table(title=f"memory model: {d['name']} ({d['layout']})", show_header=False)
-    fb = M.format_bytes
+    fb = U.format_bytes
     rows = [("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B (backbone "
                                  f"{d['backbone']['kv_cache_bytes_per_token']:,} B; {d['kv_cache_pct_of_base']:.2f}%)"),
             ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({fb(d['state_bytes_per_sequence'])})"),

@@ -138,7 +138,7 @@ def test_fast_recipe_path_equals_the_meta_device_model_for_every_recipe(monkeypa
     """``info`` on a recipe skips transformers' model configs and the torch model (speed); the result must be
     what the HF-config + meta-device path gives: every count, per tensor, and every KV / state number."""
     from hylo_bench import info as I
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     for name in R.list_recipes():
         fast = I.describe(name)
@@ -163,7 +163,7 @@ def test_info_imports_neither_torch_nor_transformers(tiny_ckpt):
     import subprocess
     import sys
 
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     names = R.list_recipes()
     code = ("import sys, json, io, contextlib; from hylo_bench.cli import app\n"
@@ -188,7 +188,7 @@ def test_hybrid_spec_equals_hylo_config_for_every_recipe():
     agree on the derived values the memory model reads."""
     from hylo_bench.models.config import HyLoConfig
     from hylo_bench.models.spec import HybridSpec
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     for name in R.list_recipes():
         recipe = R.load_recipe(name)

@@ -56,7 +56,8 @@ def test_lm_eval_results_of_hylo_bench_eval_carry_the_weights_hash():
 
 
 def test_upcycle_then_ruler_line_up_in_compare(tiny_base_dir, tmp_path):
-    from hylo_bench.upcycle.run import UpcycleConfig, run
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.upcycle.run import run
 
     out = tmp_path / "runs" / "tiny"
     manifest = run(UpcycleConfig(out=str(out), base=str(tiny_base_dir), data="demo", stages="128:ild@1k",

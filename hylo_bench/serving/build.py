@@ -66,7 +66,7 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
         ValueError: an unknown recipe (close names listed) or a bad checkpoint. FileNotFoundError: missing files.
     """
     from hylo_bench.models.loading import layout_name
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     name = spec.removeprefix(BACKBONE_PREFIX)
     is_recipe = not Path(name).expanduser().exists() and name != "demo" and R.find_recipe(name) is not None

@@ -120,7 +120,7 @@ def resolve_baseline(model: str, baseline: str | None) -> str | None:
     """
     if baseline != "backbone":
         return baseline
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     if Path(model).expanduser().exists() or R.find_recipe(model) is None:
         raise ValueError(f"--baseline backbone needs a recipe name as CKPT (got {model!r}); pass the backbone "

@@ -25,7 +25,7 @@ def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> di
     """``hylo-bench kv`` memory-model predictions (GiB) for bf16 weights and caches."""
     import torch
 
-    from hylo_bench.serving import memory as M
+    from hylo_bench.models import memory as M
 
     n = sum(p.numel() for p in model.parameters())
     n_fp32 = sum(p.numel() for p in model.parameters() if p.dtype == torch.float32)
@@ -50,7 +50,7 @@ def _hf_generate_timed(model, ids, steps: int):
     one forward per token with the model's own cache. Returns (tokens [B, steps], Timings)."""
     import torch
 
-    from hylo_bench.serving.engine import Timings, _peak_gib, _sync
+    from hylo_bench.decode.engine import Timings, _peak_gib, _sync
 
     dev = ids.device
     if dev.type == "cuda":
@@ -88,10 +88,9 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from hylo_bench.generate import parse_dtype
-    from hylo_bench.models.loading import default_device, default_dtype
+    from hylo_bench.config.units import default_device, default_dtype, parse_dtype
     from hylo_bench.serving.build import build_model
-    from hylo_bench.serving.engine import make_engine
+    from hylo_bench.decode.engine import make_engine
 
     device = spec.get("device") or default_device()
     dtype = parse_dtype(spec.get("dtype")) or default_dtype(device)

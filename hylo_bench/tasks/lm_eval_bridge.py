@@ -35,6 +35,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import hylo_bench
+from hylo_bench.config.units import parse_dtype
 from hylo_bench.io_utils import atomic_write_json, check_output_path, git_sha
 from hylo_bench.tasks.workers import launched_world_size, run_workers
 
@@ -54,25 +55,6 @@ DEFAULT_MAX_LENGTH = None
 """``max_length`` default: None = the model's own context, resolved as lm-eval's ``hf`` model does
 (``lm_eval.models.utils.resolve_max_length``: the config's ``max_position_embeddings`` / ``n_positions`` /
 ``n_ctx``, then the tokenizer's ``model_max_length``, then 2048)."""
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
-
-
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``None``/``"auto"`` -> None (``load_model``'s default: bf16 on GPU, fp32 on CPU); a name -> torch dtype.
-
-    Raises:
-        ValueError: unknown name (lists the accepted ones).
-    """
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype: expected auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
 @register_model("hylo")
 class HyLoLM(HFLM):
     """lm-eval model ``hylo``: HFLM around a model loaded with :func:`hylo_bench.models.loading.load_model`.
@@ -97,7 +79,7 @@ class HyLoLM(HFLM):
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
             (the serving engine, one prompt at a time: prefill in chunks, CUDA-graph decode; much faster per token
             than ``generate`` for a HyLo model on CUDA) or ``auto`` (native for a HyLo model on CUDA,
-            generate otherwise; :func:`hylo_bench.tasks.ruler.decoding.resolve_engine`). Sampling requests always
+            generate otherwise; :func:`hylo_bench.decode.greedy.resolve_engine`). Sampling requests always
             use ``generate``.
         **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
 
@@ -112,7 +94,7 @@ class HyLoLM(HFLM):
                  add_bos_token: bool | None = None,
                  engine: str = "auto", **kwargs: Any) -> None:
         from hylo_bench.models.loading import layout_name, load_model
-        from hylo_bench.tasks.ruler.decoding import ENGINES
+        from hylo_bench.decode.greedy import ENGINES
 
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
@@ -155,7 +137,7 @@ class HyLoLM(HFLM):
             # loading default) would only add a false "indexing errors" warning for longer documents
             self.tokenizer.model_max_length = max(int(self.max_length),
                                                   int(getattr(self.tokenizer, "model_max_length", 0) or 0))
-        from hylo_bench.tasks.ruler.decoding import resolve_engine
+        from hylo_bench.decode.greedy import resolve_engine
 
         self.engine = resolve_engine(self.model, engine)
         self._native: Any = None  # NativeDecoder, built on the first native generation
@@ -256,7 +238,7 @@ class HyLoLM(HFLM):
             [B, T_ctx + n] int64 on ``context``'s device: the context rows, then each continuation right-padded
             with ``pad_token_id`` to the longest (HFLM keeps ``[T_ctx:]`` and cuts at the stop strings).
         """
-        from hylo_bench.tasks.ruler.decoding import NativeDecoder
+        from hylo_bench.decode.greedy import NativeDecoder
 
         if self._native is None:
             self._native = NativeDecoder(self.model, self.tokenizer)
@@ -355,7 +337,7 @@ class EvalConfig:
     devices: int = 1
 
     def __post_init__(self) -> None:
-        from hylo_bench.tasks.ruler.decoding import ENGINES
+        from hylo_bench.decode.greedy import ENGINES
 
         if self.engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {self.engine!r}")

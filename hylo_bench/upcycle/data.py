@@ -19,7 +19,7 @@ from typing import Any, Union
 
 import torch
 
-from hylo_bench.upcycle.mixture import FORMATS
+from hylo_bench.config.mixture import FORMATS
 from hylo_bench.upcycle.packing import PackedRows, pack_documents, positions_from_starts
 
 TRAIN_SEED_BASE = 10_000
@@ -322,7 +322,8 @@ def load_corpus(data, decontam: list[str] | None = None, chat_template: str | No
     Raises:
         FileNotFoundError / ValueError: unreadable data, mixture or eval sets (messages name the flag).
     """
-    from hylo_bench.upcycle.mixture import is_mixture, load_mixture
+    from hylo_bench.config.mixture import is_mixture
+    from hylo_bench.upcycle.mixture import load_mixture
 
     mixture = load_mixture(data) if is_mixture(data) else None
     if not decontam:

@@ -152,7 +152,7 @@ def instruction_prompts(passages: list[tuple[str, str]], n: int, seed: int) -> l
 def teacher_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                     on_batch: Callable[[int], None] | None = None) -> list[str]:
     """Greedy answers of a chat model to user prompts (chat template with the generation prompt, batched)."""
-    from hylo_bench.tasks.ruler.decoding import generate_batch
+    from hylo_bench.decode.greedy import generate_batch
 
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                          tokenize=False) for p in prompts]
@@ -182,7 +182,7 @@ def _code(rng: random.Random) -> str:
 
 
 def _key(rng: random.Random) -> str:
-    from hylo_bench.tasks.ruler.haystack import random_word
+    from hylo_bench.text.haystack import random_word
 
     return random_word(rng).replace("-", " ")
 
@@ -403,7 +403,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def mixture_spec(lengths: list[int], seed: int) -> dict:
     """``mixture.yaml``: instructions in every stage, ``long-<L>`` only in stages of length L."""
-    from hylo_bench.upcycle.stages import format_length
+    from hylo_bench.config.units import format_length
 
     sources = [{"name": "instructions", "path": "instructions.jsonl", "weight": 1.0, "format": "chat"}]
     sources += [{"name": f"long-{format_length(L)}", "path": f"long-{format_length(L)}.jsonl", "weight": 1.0,
@@ -425,7 +425,7 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
 
     from hylo_bench.io_utils import atomic_write_json, atomic_write_text
     from hylo_bench.models.loading import load_model
-    from hylo_bench.upcycle.stages import format_length
+    from hylo_bench.config.units import format_length
 
     out = Path(cfg.out)
     check_out_dir(out, cfg.overwrite)
@@ -467,7 +467,7 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
         all_rows += rows
     atomic_write_text(out / "mixture.yaml", "# hylo-bench make-data: upcycle --data this file\n"
                       + yaml.safe_dump(mixture_spec(cfg.lengths, cfg.seed), sort_keys=False))
-    from hylo_bench.tasks.ruler.haystack import default_haystack_text
+    from hylo_bench.text.haystack import default_haystack_text
 
     ruler_dir = Path(cfg.ruler_results_dir or out) / "cache"
     n_ruler = len(cfg.ruler_tasks) * len(cfg.ruler_lengths or cfg.lengths) * cfg.ruler_samples

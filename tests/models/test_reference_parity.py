@@ -331,7 +331,7 @@ def test_legacy_layer_rank_list_is_honoured(tmp_path):
     x = torch.randint(0, 97, (1, 6))
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    from hylo_bench.serving.memory import kv_cache_bytes_per_token
+    from hylo_bench.models.memory import kv_cache_bytes_per_token
 
     assert kv_cache_bytes_per_token(cfg, 2) == ((24 + 8) + (8 + 8)) * 2
 

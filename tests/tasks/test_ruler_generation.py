@@ -13,12 +13,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast
 
 from hylo_bench.tasks import ruler
+from hylo_bench.text import haystack
 from hylo_bench.tasks.ruler import (
     TASKS,
     generate_sample,
     generators,
     get_task,
-    haystack,
     list_tasks,
     sample_seed,
     sampling,

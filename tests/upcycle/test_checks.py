@@ -43,7 +43,7 @@ def test_upcycle_arguments_are_checked_before_torch_is_imported(tiny_base_dir, t
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "model.safetensors").write_bytes(b"x")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    base = ["upcycle", "--base", str(tiny_base_dir), "--device", "cpu"]
+    base = ["upcycle", "--base", str(tiny_base_dir), "--device", "cpu", "--allow-demo-data"]
     cases = [
         ([*base, "--out", str(tmp_path / "other")],
          f"--out {tmp_path / 'other'}: holds files this run did not write (model.safetensors)"),
@@ -54,7 +54,8 @@ def test_upcycle_arguments_are_checked_before_torch_is_imported(tiny_base_dir, t
         ([*base, "--out", str(tmp_path / "o"), "--mla-layers", "0,0"], "--mla-layers [0, 0]: expected distinct"),
         ([*base, "--out", str(tmp_path / "o"), "--batch-size", "0"], "--batch-size 0: expected an integer >= 1"),
         ([*base, "--out", str(tmp_path / "o"), "--stages", "2k:foo"], "kind 'foo' is not 'ild' or 'kd'"),
-        (["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "no such directory"),
+        (["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--allow-demo-data"],
+         "no such directory"),
         ([*base, "--out", str(tmp_path / "o"), "--device", "gpu"], "--device 'gpu': not a torch device"),
         ([*base, "--out", str(tmp_path / "o"), "--recipe", "HyLo-Nope"], "HyLo-Nope"),
     ]

@@ -106,7 +106,8 @@ def test_document_ids(tmp_path):
 
 def test_upcycle_drops_contaminated_documents(tiny_base_dir, tmp_path, eval_dir):
     from hylo_bench.upcycle.data import shipped_text, split_documents
-    from hylo_bench.upcycle.run import UpcycleConfig, run
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.upcycle.run import run
 
     clean = split_documents(shipped_text())[:40]
     planted = clean[5] + " " + " ".join(EVAL_WORDS[2:15])

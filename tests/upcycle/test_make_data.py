@@ -58,7 +58,7 @@ def test_long_rows_fit_their_length_and_hold_their_answers(chat_teacher):
 def test_make_data_end_to_end(chat_teacher, tmp_path):
     import yaml
 
-    from hylo_bench.tasks.ruler.decoding import generate_batch
+    from hylo_bench.decode.greedy import generate_batch
     from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 
     d, tok = chat_teacher
@@ -92,7 +92,7 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
 
 def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
     from hylo_bench.tasks.ruler.cache import load_or_generate
-    from hylo_bench.tasks.ruler.haystack import default_haystack_text
+    from hylo_bench.text.haystack import default_haystack_text
 
     _, tok = chat_teacher
     gold = load_or_generate("niah_single_1", tok, 512, 1, seed=42, haystack_text=default_haystack_text(),

@@ -10,9 +10,11 @@ import torch
 
 from hylo_bench.models.checkpoint import load_hylo
 from hylo_bench.upcycle.train import trainer as trainer_mod
-from hylo_bench.upcycle.run import UpcycleConfig, run
+from hylo_bench.config.upcycle import UpcycleConfig
+from hylo_bench.upcycle.run import run
 from hylo_bench.upcycle.stages import parse_stages
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+from hylo_bench.config.student import hybrid_config_for
+from hylo_bench.upcycle.transfer import init_student
 
 
 def _cfg(base_dir, out, **kw):

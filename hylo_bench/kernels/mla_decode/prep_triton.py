@@ -1,7 +1,7 @@
 """The per-token work of an MLA decode step between its projections and the attention kernel, in one Triton
 launch: the query's q-norm, RoPE and weight absorption (``q_lat = W_UK'[g]^T q_nope``), and the new cache row
 (optional ``kv_a_layernorm``, the key scales of q/k-norm models, the rotated rope key) written at each sequence's
-position. CUDA only; imported lazily. Torch reference: :meth:`hylo_bench.serving.mla_layer.MLAServing.prep_torch`
+position. CUDA only; imported lazily. Torch reference: :meth:`hylo_bench.decode.mla_layer.MLAServing.prep_torch`
 (the engine's unfused path), which it matches up to summation order (same roundings to the model dtype).
 
 On the H200 this replaced about nine launches per MLA layer (cuBLAS for ``kv_b`` and the absorbed einsum, Inductor
@@ -10,7 +10,7 @@ kernels for the norms, RoPE and cache writes), each mostly launch latency: a dec
 Grid (H + G, B): programs 0..H-1 are query heads, programs H..H+G-1 key groups (group g computes the key scale of
 group g; group 0 also writes the latent row). Legend: B batch, H query heads, G KV groups, N = qk_nope_head_dim,
 P = qk_rope_head_dim, V = v_head_dim, R = kv_lora_rank, QK = N + P. Maths: checkpoint-format.md §5.2 (interleaved
-RoPE, YaRN mscale), §6 (absorption); :mod:`hylo_bench.serving.mla_layer` (key scales of q/k-norm models).
+RoPE, YaRN mscale), §6 (absorption); :mod:`hylo_bench.decode.mla_layer` (key scales of q/k-norm models).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 in two flavors (NVIDIA/RULER's prompts or lm-eval 0.4.13's port), generation sized to each model's tokenizer,
 string-match scoring, length-weighted averages, and a cached runner that stores per-sample predictions (resumable
 mid-(task, length)), shards samples over processes (``parallel``) and decodes through ``generate()`` or the native
-serving engine (``decoding``); ``backend="lm-eval"`` runs lm-eval 0.4.13's own ruler tasks instead
+serving engine (:mod:`hylo_bench.decode.greedy`); ``backend="lm-eval"`` runs lm-eval 0.4.13's own ruler tasks instead
 (``lm_eval_backend``).
 
 Spec: docs/ruler.md §1-11; differences between flavors: docs/ruler.md §12. Public API: ``generate_sample``,

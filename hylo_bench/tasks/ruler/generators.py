@@ -15,7 +15,7 @@ import math
 import random
 import string
 
-from hylo_bench.tasks.ruler.haystack import (
+from hylo_bench.text.haystack import (
     DEPTHS,
     NEEDLE,
     NOISE_LINE,

@@ -16,7 +16,7 @@ Offline hooks (:func:`offline_hooks`, a documented patch of lm-eval's module att
   the ``repeat`` and ``needle`` haystacks are lm-eval's own.
 - sentence splitting: when NLTK's ``punkt_tab`` is not installed, lm-eval's import-time ``nltk.download`` is
   skipped and ``prepare_niah.sent_tokenize`` is our regex splitter
-  (:func:`hylo_bench.tasks.ruler.haystack.split_sentences`); with ``punkt_tab`` installed NLTK is used as is.
+  (:func:`hylo_bench.text.haystack.split_sentences`); with ``punkt_tab`` installed NLTK is used as is.
 - QA: ``qa_utils.download_json(url)`` reads the local SQuAD v2 / HotpotQA file that the native QA tasks use
   (``--squad`` / ``--hotpotqa``, environment variables, ``~/.cache/hylo_bench/ruler/``) for lm-eval's two URLs.
 - generation cap: lm-eval always generates 500 samples per length and then evaluates the first ``limit``; the
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from hylo_bench.io_utils import atomic_write_json, atomic_write_text
 from hylo_bench.tasks.ruler.cache import text_hash, tokenizer_hash
-from hylo_bench.tasks.ruler.haystack import essay_words, read_haystack_text, split_sentences
+from hylo_bench.text.haystack import essay_words, read_haystack_text, split_sentences
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file, resolve_qa_file
 
 if TYPE_CHECKING:

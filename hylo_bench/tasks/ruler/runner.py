@@ -28,8 +28,8 @@ import hylo_bench
 from hylo_bench.io_utils import atomic_write_json, check_output_path, check_utf8_file, fault_point, git_sha
 from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
-from hylo_bench.tasks.ruler.decoding import ENGINES, Decoder, make_decoder, resolve_engine
-from hylo_bench.tasks.ruler.haystack import read_haystack_text
+from hylo_bench.decode.greedy import ENGINES, Decoder, make_decoder, resolve_engine
+from hylo_bench.text.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import check_flavor, get_task, list_tasks
 from hylo_bench.tasks.ruler.sampling import encode_prompt, fitted_size
@@ -64,7 +64,7 @@ class RulerConfig:
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         strip_think: remove ``<think>...</think>`` spans from predictions before scoring
-            (:func:`hylo_bench.tasks.text.strip_think`; for Qwen3-based checkpoints).
+            (:func:`hylo_bench.text.think.strip_think`; for Qwen3-based checkpoints).
         flavor: ``nvidia`` (NVIDIA/RULER prompts and QA any-match) or ``lm-eval`` (lm-eval 0.4.13's variant);
             docs/ruler.md lists the differences.
         squad_path: SQuAD v2 dev JSON for ``ruler_qa_squad`` (``None``: ``$HYLO_BENCH_SQUAD``, else
@@ -80,8 +80,8 @@ class RulerConfig:
             (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
             processes are the workers and this must be 1 or ``WORLD_SIZE``.
         engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
-            :mod:`hylo_bench.serving.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
-            generate otherwise); :mod:`hylo_bench.tasks.ruler.decoding`.
+            :mod:`hylo_bench.decode.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
+            generate otherwise); :mod:`hylo_bench.decode.greedy`.
         backend: ``native`` (hylo-bench's generators, scorer and decoding: everything above) or ``lm-eval``
             (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
             :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports

@@ -16,8 +16,8 @@ import torch
 
 from hylo_bench.kernels.gemv import triton_available
 from hylo_bench.models.cache import map_state
-from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
+from hylo_bench.decode.fused import Prologue, merge_linears, project
+from hylo_bench.decode.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
 
 logger = logging.getLogger(__name__)
 GDN_DECODE_BACKENDS = ("auto", "torch", "fla", "triton")
@@ -84,7 +84,7 @@ class LinearServing:
             (:func:`select_gdn_decode_backend`; "triton" runs the whole token in one kernel, so ``prestep_backend``
             does not apply).
         merge_projections: GDN decode reads q/k/v/a/b/g projections with one GEMV
-            (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
+            (:func:`hylo_bench.decode.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
         prestep_backend: GDN decode's convolutions + SiLU + gates: "torch" (plain ops, fused by Inductor into about
             11 kernels), "triton" (one kernel, CUDA, 4-tap convs) or "auto" (triton on CUDA when Triton imports and
             the conv has 4 taps, torch otherwise); :mod:`hylo_bench.kernels.gated_delta.decode_prestep`.
@@ -154,7 +154,7 @@ class LinearServing:
         """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation.
 
         ``fused`` (GDN with merged projections only): with ``fused.norm`` x is the residual stream, normalised in the
-        merged GEMV's prologue; with ``fused.residual`` ``o_proj`` adds it (:mod:`hylo_bench.serving.fused`).
+        merged GEMV's prologue; with ``fused.residual`` ``o_proj`` adds it (:mod:`hylo_bench.decode.fused`).
 
         Raises:
             ValueError: ``fused`` for a Mamba-2 mixer or without merged projections.
@@ -169,7 +169,7 @@ class LinearServing:
 
     def _gdn_decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """The T == 1 path of ``GatedDeltaNet.forward``: convolutions and gates on the selected pre-step back end
-        (:func:`hylo_bench.serving.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
+        (:func:`hylo_bench.decode.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim

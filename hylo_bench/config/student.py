@@ -1,5 +1,5 @@
-"""The hybrid config for a base model (pure Python: no torch or modeling imports, so ``hylo-bench info`` on a
-recipe stays fast). :mod:`hylo_bench.upcycle.transfer` re-exports these names.
+"""The hybrid config for a base model: released and default mixer dimensions, :func:`hybrid_config_for` (pure
+Python: no torch or modeling imports, so ``hylo-bench info`` on a recipe stays fast).
 """
 
 from __future__ import annotations

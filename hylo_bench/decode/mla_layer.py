@@ -25,8 +25,8 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.kernels.mla_decode import select_mla_decode_backend
-from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
+from hylo_bench.decode.fused import Prologue, merge_linears, project
+from hylo_bench.decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class MLAServing:
         mla: the MLA module (``hylo_bench.models.mla.MLA``).
         decode_backend: "auto", "torch" or "triton" (see :func:`hylo_bench.kernels.mla_decode.mla_decode`).
         merge_projections: read the query's first projection (``q_proj`` or ``q_a_proj``) and
-            ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's
+            ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.decode.fused.merge_linears`; rebinds the module's
             weights as views, values unchanged).
     """
 
@@ -210,7 +210,7 @@ class MLAServing:
                 merged GEMV). slot: this layer's cache. positions: [B] int64 on x's device.
             fused: Triton GEMVs with ``fused.norm`` (if set) as the merged projection's prologue and
                 ``fused.residual`` (if set) added by ``out_proj`` (needs merged projections;
-                :mod:`hylo_bench.serving.fused`).
+                :mod:`hylo_bench.decode.fused`).
 
         Returns:
             [B, 1, D] mixer output (plus ``fused.residual`` when set).
