@@ -81,8 +81,9 @@ class AblatedAttention(torch.nn.Module):
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.loading import demo_teacher_dir
-    from hylo_bench.upcycle.data import build_windows, shipped_text, split_documents, text_windows
+    from hylo_bench.models.checkpoint import demo_teacher_dir
+    from hylo_bench.upcycle.data import build_windows, text_windows
+    from hylo_bench.upcycle.documents import shipped_text, split_documents
     from hylo_bench.upcycle.train.losses import eval_kl
 
     d = demo_teacher_dir()

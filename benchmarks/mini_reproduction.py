@@ -150,7 +150,7 @@ def hb(*args: str) -> list[str]:
 
 def tiny_teacher(work: Path) -> Path:
     """The demo teacher with a ChatML template over its own special tokens (make-data writes conversations)."""
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
 
     d = work / "tiny-teacher"
     if not (d / "config.json").is_file():

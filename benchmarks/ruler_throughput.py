@@ -65,7 +65,7 @@ def build_hybrid():
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
     from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
     from hylo_bench.decode.greedy import resolve_engine

@@ -113,7 +113,7 @@ def build(kind: str, device: str, dtype: torch.dtype, smoke: bool):
         return build_model(RECIPE if kind == "hybrid" else f"backbone:{RECIPE}", device, dtype)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     if kind == "hybrid":

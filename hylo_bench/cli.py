@@ -43,6 +43,25 @@ def _json_only(as_json: bool):
     return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
 
 
+def _store(db: Optional[str], results_dir, check: bool = False):
+    """The ``on_result`` callback a command's ``run`` gets: the results store's ``record`` (``--db``, else
+    ``$HYLO_BENCH_DB``, else RESULTS_DIR/hylo_bench.sqlite). ``check``: validate ``--results-dir`` / ``--db`` as
+    output paths first. Without the store's packages (a model-only image) the files alone are written."""
+    from hylo_bench.io_utils import check_output_path
+
+    if check:
+        check_output_path(results_dir, "--results-dir", is_dir=True)
+        if db is not None and "://" not in str(db):
+            check_output_path(db, "--db", is_dir=False)
+    try:
+        from hylo_bench.reports import store
+    except ImportError as exc:
+        logging.getLogger(__name__).warning("results not added to the results store (%s); `hylo-bench import` adds "
+                                            "the result files later", exc)
+        return None
+    return store.recorder(db, results_dir)
+
+
 def _int_list(text: Optional[str]) -> Optional[list[int]]:
     if text is None:
         return None
@@ -157,10 +176,10 @@ def upcycle(
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, save_every=save_every, select_windows=select_windows, peak_tflops=peak_tflops,
-            tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
-            results_dir=str(results_dir) if results_dir else None, db=db, kl_tokens=kl_tokens,
+            tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries, kl_tokens=kl_tokens,
             allow_demo_data=allow_demo_data or None, init=init, init_from=init_from, overwrite=overwrite or None))
-        manifest = run(cfg)
+        on_result = _store(db, results_dir or "hylo-results", check=True)
+        manifest = run(cfg, on_result=on_result)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
     kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
@@ -214,8 +233,9 @@ def make_data(
     """Write a chat-format training mixture from local text and a teacher: instruction rows answered by the
     teacher and long-document rows (multi-needle, multi-hop, QA over the text) at each stage length, with a
     decontamination report against RULER's prompts."""
-    from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
     from hylo_bench.config.units import parse_length
+    from hylo_bench.tasks.ruler.cache import decontamination_samples
+    from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
 
     try:
         cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
@@ -227,7 +247,7 @@ def make_data(
                              ruler_results_dir=str(ruler_results_dir) if ruler_results_dir else None,
                              overwrite=overwrite)
         with _progress_bars() as bar:
-            manifest = run_make_data(cfg, progress=bar)
+            manifest = run_make_data(cfg, progress=bar, ruler_samples=decontamination_samples)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     d = manifest["decontamination"]
@@ -375,7 +395,7 @@ def ruler(
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
                             beyond_context=beyond_context)
         with _json_only(as_json):
-            result = R.run(cfg, console=console)
+            result = R.run(cfg, console=console, on_result=_store(None, results_dir))
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0
@@ -493,7 +513,7 @@ def eval_(
                            batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
                            data_dir=data_dir, device=device, dtype=dtype, engine=engine, devices=devices)
         with _json_only(as_json):
-            result = E.run(cfg)
+            result = E.run(cfg, on_result=_store(None, output_dir))
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0: rank 0 prints and saves
@@ -594,7 +614,7 @@ def sweep(
 
     try:
         if device is not None:
-            from hylo_bench.config.units import check_device
+            from hylo_bench.config.device import check_device
 
             check_device(device)  # before any worker process loads a model
         cfg = SweepConfig(
@@ -603,8 +623,8 @@ def sweep(
             decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
             compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
             find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
-            dtype=dtype, out=out, db=db, store=not no_store)
-        run_with_progress(cfg, console, run)
+            dtype=dtype, out=out)
+        run_with_progress(cfg, console, run, on_result=None if no_store else _store(db, "hylo-results"))
     except ValueError as e:
         _fail(e)
     console.print(f"[green]results: {out}[/]")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import TextStreamer
 
-from hylo_bench.config.units import parse_dtype
+from hylo_bench.config.device import parse_dtype
 from hylo_bench.text.think import THINK_CLOSE, THINK_OPEN, ThinkStripper, strip_think
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class GenerateConfig:
         seed: torch seed set before generating (sampling reproducibility).
         strip_think: remove ``<think>...</think>`` spans from the output (streamed and returned).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
-        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see :func:`hylo_bench.config.units.parse_dtype`.
+        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see :func:`hylo_bench.config.device.parse_dtype`.
     """
 
     model: str

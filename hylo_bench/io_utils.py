@@ -1,5 +1,5 @@
 """Small I/O helpers shared by every subpackage: atomic writes, hashing, git sha, JSON results, output-path and
-text-file checks, and the fault-injection hook of the crash tests."""
+text-file checks, the results callback type, and the fault-injection hook of the crash tests."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+OnResult = Callable[[dict, Path], Any]
+"""``on_result(obj, path)``: how results leave a wing. A command calls it with each results object right after
+writing it to ``path`` (a growing file is passed again after every rewrite); the CLI passes the results store's
+``reports.store.recorder(...)``, a library caller whatever it wants (None: the files alone)."""
 
 FAULT_ENV = "HYLO_BENCH_FAULT"
 _fault_hits: dict[str, int] = {}

@@ -60,8 +60,10 @@ def test_upcycle_then_ruler_line_up_in_compare(tiny_base_dir, tmp_path):
     from hylo_bench.upcycle.run import run
 
     out = tmp_path / "runs" / "tiny"
-    manifest = run(UpcycleConfig(out=str(out), base=str(tiny_base_dir), data="demo", stages="128:ild@1k",
-                                 batch_size=2, eval_windows=1, device="cpu", tensorboard=False))
+    manifest = run(UpcycleConfig(out=str(out), base=str(tiny_base_dir), data="demo", allow_demo_data=True,
+                                 stages="128:ild@1k",
+                                 batch_size=2, eval_windows=1, device="cpu", tensorboard=False),
+                   on_result=store.recorder())
     runner = CliRunner()
     res = runner.invoke(app, ["ruler", "--model", str(out), "--lengths", "1k", "--tasks", "niah_single_1",
                               "--samples", "1", "--results-dir", str(tmp_path / "res"), "--device", "cpu", "--json"])

@@ -368,7 +368,7 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
     Args:
         hf_base: build the backbone config with transformers (``base_config`` then holds every HF default);
             False uses the recipe's ``base_architecture`` keys alone (:class:`ArchitectureConfig`) and returns a
-            :class:`hylo_bench.models.spec.HybridSpec` (the same fields, no transformers or torch import; what
+            :class:`hylo_bench.config.hybrid.HybridSpec` (the same fields, no transformers or torch import; what
             ``info`` / ``kv`` use).
 
     Raises:
@@ -376,7 +376,7 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
             the backbone ``model_type`` is not llama / qwen3.
         ValueError: from ``HyLoConfig`` validation (bad ranks, indices).
     """
-    from hylo_bench.models.spec import HybridSpec
+    from hylo_bench.config.hybrid import HybridSpec
     from hylo_bench.config.student import hybrid_config_for
 
     if hf_base:

@@ -73,7 +73,7 @@ def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gd
         dims.setdefault("d_inner", b["num_heads"] * b["head_dim"])
         dims.setdefault("d_xb", b["num_kv_heads"] * b["head_dim"])
     if config_cls is None:
-        from hylo_bench.models.config import HyLoConfig as config_cls
+        from hylo_bench.config.hylo_config import HyLoConfig as config_cls
     return config_cls(
         vocab_size=base_config.vocab_size, hidden_size=b["hidden_size"],
         intermediate_size=base_config.intermediate_size, hidden_act=getattr(base_config, "hidden_act", "silu"),

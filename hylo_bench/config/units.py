@@ -1,22 +1,20 @@
-"""Units of the command line and the configs: token lengths and budgets, byte sizes, dtypes, devices.
-
-Torch-free at import (``hylo-bench info`` / ``kv`` parse sizes without it); the dtype and device helpers import
-torch when called.
+"""Units of the command line and the configs: token lengths and budgets, byte sizes, dtype names, the 0-100 scale
+of scores. Never imports torch (``hylo-bench info`` / ``kv`` and the reports use it); torch dtypes and devices:
+:mod:`hylo_bench.config.device`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 _BYTE_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
                "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16", "float64": "float64", "fp64": "float64"}
 """Accepted ``--dtype`` names (case-insensitive) -> ``torch`` attribute names."""
+LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
+"""lm-eval reports these on a 0-1 scale; ``eval`` and the results store keep every accuracy-like score on 0-100,
+like RULER and the paper."""
 
 
 def parse_length(text: str) -> int:
@@ -79,7 +77,7 @@ def format_bytes(n: float) -> str:
 
 
 def check_dtype_name(name: str | None) -> None:
-    """Validate a dtype name without importing torch (see :func:`parse_dtype`).
+    """Validate a dtype name without importing torch (see :func:`hylo_bench.config.device.parse_dtype`).
 
     Raises:
         ValueError: a name other than ``auto`` or one of :data:`DTYPE_NAMES`.
@@ -88,56 +86,3 @@ def check_dtype_name(name: str | None) -> None:
         return
     if name is not None and name.lower() != "auto" and name.lower() not in DTYPE_NAMES:
         raise ValueError(f"dtype {name!r}: expected auto or one of {', '.join(DTYPE_NAMES)}")
-
-
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
-    """``"bf16"`` / ``"bfloat16"`` / ``"fp16"`` / ``"float16"`` / ``"fp32"`` / ``"float32"`` / ``"fp64"`` /
-    ``"float64"`` (any case) -> torch dtype; ``None`` and ``"auto"`` -> None (the loader's default: bf16 on GPU,
-    fp32 on CPU, :func:`default_dtype`); a ``torch.dtype`` is returned as is.
-
-    Raises:
-        ValueError: any other name (the accepted ones listed).
-    """
-    import torch
-
-    if name is None or isinstance(name, torch.dtype):
-        return name
-    check_dtype_name(name)
-    if name.lower() == "auto":
-        return None
-    return getattr(torch, DTYPE_NAMES[name.lower()])
-
-
-def default_device() -> str:
-    """``cuda`` when a GPU is visible, else ``cpu``."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(device: str) -> str:
-    """Validate a ``--device`` value before any loading; returns it.
-
-    Raises:
-        ValueError: not a torch device name (``cpu``, ``cuda``, ``cuda:1``...), or CUDA asked for but not available.
-    """
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"--device {device!r}: not a torch device ({exc}); use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device; use "
-                             f"--device cpu or install a CUDA build of torch")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return device
-
-
-def default_dtype(device: str) -> torch.dtype:
-    """bf16 on GPU (as the released model cards say), fp32 on CPU (bf16 CPU matmuls are slow and inexact)."""
-    import torch
-
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32

@@ -64,8 +64,6 @@ class UpcycleConfig:
     allow_demo_data: bool = False  # --data demo with a base other than the demo teacher (refused otherwise)
     init: str = "svd"  # student mixers: "svd" (from the attention weights, paper §3.1) or "random" (fresh init)
     init_from: str | None = None  # start from this HyLo checkpoint (e.g. a shared ILD run) instead of the init
-    results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
-    db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
     overwrite: bool = False  # write into an --out that holds files this run did not write (checks.check_out_dir)
 
     def to_dict(self) -> dict:

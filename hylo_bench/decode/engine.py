@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.kernels.gemv import GEMV_BACKENDS, triton_available
+from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
 from hylo_bench.decode.mla_layer import MLAServing, flash_gqa_supported
@@ -72,12 +72,14 @@ class Timings:
                 "cuda_graphs": self.cuda_graphs}
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op elsewhere. Timings call it before reading the clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _peak_gib(device: torch.device) -> float | None:
+def peak_gib(device: torch.device) -> float | None:
+    """Peak allocated memory on a CUDA device since the last reset, GiB (2**30 bytes); None off CUDA."""
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
@@ -144,13 +146,13 @@ class _EngineBase:
         dev = self.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        _sync(dev)
+        sync_device(dev)
         t0 = time.perf_counter()
         logits = self.prefill(input_ids)
         tok = logits.argmax(-1)
-        _sync(dev)
+        sync_device(dev)
         ttft = time.perf_counter() - t0
-        prefill_peak = _peak_gib(dev)
+        prefill_peak = peak_gib(dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         out = [tok]
@@ -158,7 +160,7 @@ class _EngineBase:
         self._prepare_decode(tok, pos)
         steps = self._timed_decode(tok, pos, max_new_tokens - 1, out)
         timings = Timings(batch_size=B, prompt_tokens=T, new_tokens=max_new_tokens, ttft_s=ttft, decode_step_s=steps,
-                          prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+                          prefill_peak_gib=prefill_peak, decode_peak_gib=peak_gib(dev), cuda_graphs=self.cuda_graphs)
         return torch.stack(out, dim=1).cpu(), timings
 
     @torch.inference_mode()
@@ -218,7 +220,7 @@ class _EngineBase:
                 steps.append(time.perf_counter() - s0)
             out.append(tok)
             pos = pos + 1
-        _sync(dev)
+        sync_device(dev)
         if events:
             steps = [a.elapsed_time(b) / 1e3 for a, b in events]
         return steps
@@ -244,7 +246,7 @@ class _EngineBase:
         out: list[torch.Tensor] = []
         step_s = self._timed_decode(tok, pos, steps, out)
         return Timings(batch_size=batch, prompt_tokens=context_tokens, new_tokens=steps, ttft_s=0.0,
-                       decode_step_s=step_s, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+                       decode_step_s=step_s, decode_peak_gib=peak_gib(dev), cuda_graphs=self.cuda_graphs)
 
     @torch.inference_mode()
     def time_prefill_chunk(self, batch: int, start: int, length: int, seed: int = 0) -> float:
@@ -255,10 +257,10 @@ class _EngineBase:
         self._check(torch.zeros(batch, start + length, dtype=torch.long), 1)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, self.model.config.vocab_size, (batch, length), generator=gen).to(self.device)
-        _sync(self.device)
+        sync_device(self.device)
         t0 = time.perf_counter()
         self._lm_logits(self._prefill(ids, start))
-        _sync(self.device)
+        sync_device(self.device)
         return time.perf_counter() - t0
 
 
@@ -277,7 +279,7 @@ class Engine(_EngineBase):
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
-            :func:`hylo_bench.decode.linear_layer.select_gdn_decode_backend`).
+            :func:`hylo_bench.kernels.gated_delta.select_gdn_decode_backend`).
         compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA and GDN kernels
             are opaque custom ops, :mod:`hylo_bench.decode.ops`) so Inductor fuses the small element-wise kernels
             around them; composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
@@ -343,8 +345,7 @@ class Engine(_EngineBase):
         if gemv_backend not in GEMV_BACKENDS + ("auto",):
             raise ValueError(f"gemv_backend={gemv_backend!r}; expected 'auto' or one of {GEMV_BACKENDS}")
         if gemv_backend == "auto":
-            gemv_backend = "triton" if (merge_projections and self.device.type == "cuda" and triton_available()
-                                        and next(model.parameters()).dtype != torch.float64) else "torch"
+            gemv_backend = select_gemv_backend(self.device, next(model.parameters()).dtype, merge_projections)
         if gemv_backend == "triton" and not merge_projections:
             raise ValueError("gemv_backend='triton' fuses norms into the merged projections: it needs "
                              "merge_projections=True (or None with a non-max-autotune compile mode)")

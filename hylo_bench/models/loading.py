@@ -6,27 +6,14 @@ A directory with ``hybrid_config.json`` is a HyLo hybrid (``HyLoForCausalLM``); 
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import torch
 
-from hylo_bench.config.units import check_device, default_device, default_dtype
-from hylo_bench.models.config import HYBRID_CONFIG_NAME
-from hylo_bench.models.spec import read_hf_config
-
-
-def demo_teacher_dir() -> Path:
-    """Directory of the embedded demo teacher (shipped in ``hylo_bench/data/demo_teacher``).
-
-    Raises:
-        FileNotFoundError: if the package was installed without its data files.
-    """
-    d = Path(str(resources.files("hylo_bench") / "data" / "demo_teacher"))
-    if not (d / "config.json").is_file():
-        raise FileNotFoundError(f"{d}: the embedded demo teacher is missing; reinstall hylo-bench with its package "
-                                f"data or rebuild it with scripts/make_demo_teacher.py")
-    return d
+from hylo_bench.config.device import check_device, default_device, default_dtype
+from hylo_bench.models.checkpoint import resolve_checkpoint_dir, warn_bad_weights
+from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
+from hylo_bench.config.hybrid import read_hf_config
 
 
 def weights_hash(d: Path) -> str:
@@ -48,7 +35,7 @@ def layout_name(model) -> str:
 
 
 def _load_transformers(auto_cls, d: Path, dtype: torch.dtype, device: str):
-    """A plain transformers checkpoint, its ``config.json`` checked first (``models.spec.read_hf_config``).
+    """A plain transformers checkpoint, its ``config.json`` checked first (``config.hybrid.read_hf_config``).
 
     Raises:
         ValueError: a bad config.json (file, key, value), or one transformers cannot build a model from.
@@ -79,7 +66,7 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir, warn_bad_weights
+    from hylo_bench.models.hybrid import load_hylo  # transformers' modeling code loads only for a model
 
     device = check_device(device or default_device())
     dtype = dtype or default_dtype(device)

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
 from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 
 KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "sweep", "lm-eval", "eval-json", "eval-summary")
@@ -25,8 +26,6 @@ _MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc", "m
 RUN_STATUSES = ("running", "complete")
 """``running``: the command was still writing the file (or was killed); ``complete``: it finished. Files written
 before statuses existed are complete."""
-# lm-eval reports these on a 0-1 scale; the store keeps every accuracy-like score on 0-100 like RULER and the paper.
-LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

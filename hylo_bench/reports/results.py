@@ -283,6 +283,7 @@ def results_frame(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) ->
     df = df.drop_duplicates(["model", "task", "seq_len"], keep="last")
     df = df.sort_values(["model", "seq_len", "task"], kind="stable").reset_index(drop=True)
     for model, hashes in df.groupby("model")["model_hash"].unique().items():
+        hashes = [h for h in hashes if isinstance(h, str)]  # `ruler --json` objects carry no checkpoint hash
         if len(hashes) > 1:
             logger.warning("model %r: kept rows come from runs of %d different checkpoints (hashes %s)",
                            model, len(hashes), ", ".join(h[:HASH_PREFIX_CHARS] for h in hashes))  # fmt: skip

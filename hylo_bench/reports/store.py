@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -394,6 +395,13 @@ def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable
         engine.dispose()
 
 
+def recorder(db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> Callable[..., SaveOutcome | None]:
+    """The ``on_result`` callback the CLI hands to a command's ``run``: ``on_result(obj, path)`` stores the result
+    object just written to ``path`` (:func:`record` into ``db``, else ``$HYLO_BENCH_DB``, else
+    ``results_dir/hylo_bench.sqlite``). A ``functools.partial``, so it pickles into spawned worker processes."""
+    return functools.partial(record, db=db, results_dir=results_dir)
+
+
 def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
            db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> SaveOutcome | None:
     """Add one result (a parsed object with its ``source`` file name, or a file path) to the store as a command
@@ -505,10 +513,10 @@ def points_frame(engine: Engine) -> pd.DataFrame:
     return pd.DataFrame([{"run_id": r.run_id, "benchmark": r.benchmark} | json.loads(r.record_json) for r in rows])
 
 
-def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
+def unfinished_runs(engine: Engine, *, with_ids: bool = True) -> list[tuple[int, str, str]]:
     """``(run id, source, reason)`` of every results run (not an upcycle manifest: its training log is shown as it
     grows) stored as ``running`` (a command still writing it, or killed): the reason says how many of its planned
-    (task, length) pairs it holds."""
+    (task, length) pairs it holds, and (``with_ids``) the run's id in the store."""
     with engine.connect() as conn:
         rows = conn.execute(sa.select(runs.c.id, runs.c.source, runs.c.config_json).where(
             runs.c.status == "running", runs.c.kind != "upcycle").order_by(runs.c.id)).all()
@@ -517,7 +525,7 @@ def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
     for r in rows:
         planned = json.loads(r.config_json).get("planned")
         of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
-        reason = (f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
+        reason = (f"unfinished run{f' {r.id}' if with_ids else ''} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
                   f"or is still running): left out")
         out.append((int(r.id), r.source, reason))
     return out

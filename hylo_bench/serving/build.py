@@ -76,8 +76,9 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
     if not is_recipe:  # weights only: the engine works on token ids, no tokenizer needed
         from transformers import AutoModelForCausalLM
 
-        from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
-        from hylo_bench.models.config import HYBRID_CONFIG_NAME
+        from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+        from hylo_bench.models.hybrid import load_hylo
+        from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
 
         d = resolve_checkpoint_dir(spec)
         if (d / HYBRID_CONFIG_NAME).is_file():

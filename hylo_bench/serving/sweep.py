@@ -4,8 +4,8 @@ Each point (model, backend, context, batch) runs in its own ``python -m hylo_ben
 so an out-of-memory point cannot poison the next. Records (TTFT s, decode tokens/s, TPOT s, peak memory GiB,
 memory-model prediction, ``status`` ok | oom | error | timeout | skipped) are appended to a benchmark-format JSON
 (``{"benchmark", "kind": "sweep", "git_sha", "device", "versions", "records": [...]}``, atomic rewrite after every
-point) and ingested into the results store after every point (kind ``sweep``: re-imports extend, never duplicate).
-This process never touches the GPU itself.
+point) handed to ``on_result`` after every point (``hylo-bench sweep``: the results store, kind ``sweep``:
+re-imports extend, never duplicate). This process never touches the GPU itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("native", "hf", "vllm")
@@ -54,8 +54,6 @@ class SweepConfig:
         stop_after_oom: skip larger contexts of a (model, batch) series once one OOMs (recorded as skipped).
         device, dtype: passed to the workers (default: cuda if available; bf16 on GPU, fp32 on CPU).
         point_timeout_s: wall-clock limit per point (status ``timeout``).
-        db: results store (path or URL; default: see ``hylo_bench.reports.store.resolve_url``); ``store=False``
-            writes only the JSON.
     """
 
     model: str
@@ -75,8 +73,6 @@ class SweepConfig:
     device: str | None = None
     dtype: str | None = None
     point_timeout_s: float = 1800.0
-    db: str | None = None
-    store: bool = True
     warmup: bool = True
 
     def __post_init__(self) -> None:
@@ -172,25 +168,19 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 class SweepRun:
-    """Runs the points of one sweep, saving the JSON and the store after every record."""
+    """Runs the points of one sweep, saving the JSON (and handing it to ``on_result``) after every record."""
 
-    def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+                 on_result: OnResult | None = None):
         self.cfg = cfg
         self.env = new_envelope(cfg)
         self.on_record = on_record
-        self.engine = None
-        if cfg.store:
-            from hylo_bench.reports.store import open_store
-
-            self.engine = open_store(cfg.db)
+        self.on_result = on_result
 
     def save(self) -> None:
         atomic_write_json(self.cfg.out, self.env)
-        if self.engine is not None:
-            from hylo_bench.reports.ingest import parse_object
-            from hylo_bench.reports.store import save_runs
-
-            save_runs(self.engine, [parse_object(self.env, str(self.cfg.out))])
+        if self.on_result is not None:
+            self.on_result(self.env, self.cfg.out)
 
     def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid") -> dict[str, Any]:
         c = self.cfg
@@ -240,15 +230,19 @@ class SweepRun:
         return lo
 
 
-def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run the sweep; returns the results envelope (also written to ``cfg.out`` and the store).
+def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+        on_result: OnResult | None = None) -> dict[str, Any]:
+    """Run the sweep; returns the results envelope (also written to ``cfg.out``).
+
+    ``on_record(record)`` is called with every record as it is added, ``on_result(envelope, cfg.out)`` after every
+    rewrite of the JSON (the CLI: the results store); None writes the JSON alone.
 
     Raises:
         ValueError: a bad backend / baseline (before any point runs).
     """
     check_backend(cfg.backend)
     baseline = resolve_baseline(cfg.model, cfg.baseline)
-    sweep = SweepRun(cfg, on_record)
+    sweep = SweepRun(cfg, on_record, on_result)
     sweep.save()
     series = [("model", cfg.model)] + ([("baseline", baseline)] if baseline else [])
     for name, spec_model in series:
@@ -289,8 +283,9 @@ def format_record(rec: dict[str, Any]) -> str:
             f"peak {f('peak_memory_gib', '.2f')} GiB (model {f('kv_model_gib', '.2f')} GiB)")
 
 
-def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
-    """``runner(cfg, on_record)`` with a rich progress bar over the grid points and one line per record."""
+def run_with_progress(cfg: SweepConfig, console, runner=run, on_result: OnResult | None = None) -> dict[str, Any]:
+    """``runner(cfg, on_record, on_result)`` with a rich progress bar over the grid points and one line per
+    record."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     check_backend(cfg.backend)  # fail before the progress bar appears
@@ -304,4 +299,4 @@ def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
             if rec.get("point") == "grid":
                 progress.advance(task)
 
-        return runner(cfg, on_record)
+        return runner(cfg, on_record, on_result)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hylo_bench.io_utils import check_output_path, check_utf8_file, read_text_utf8
-from hylo_bench.models.spec import read_hf_config
+from hylo_bench.config.hybrid import read_hf_config
 
 DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|meta)(:\d+)?")
 AUTO_PREFIX = "auto:"  # as hylo_bench.upcycle.select.AUTO_PREFIX (that module imports torch)
@@ -163,7 +163,7 @@ def check_layout(cfg: Any, n_layer: int | None) -> None:
     Raises:
         ValueError: both given, a malformed layout, indices out of range or repeated.
     """
-    from hylo_bench.models.spec import parse_layout
+    from hylo_bench.config.hybrid import parse_layout
 
     layout = cfg.layout.strip() if isinstance(cfg.layout, str) else cfg.layout
     auto = layout[len(AUTO_PREFIX):].strip() if layout and layout.lower().startswith(AUTO_PREFIX) else None
@@ -221,9 +221,6 @@ def check_upcycle_config(cfg: Any) -> None:
         raise ValueError("; ".join(problems))
     parse_stages(cfg.stages, cfg.tokens_per_stage)
     check_out_dir(Path(cfg.out).expanduser(), getattr(cfg, "overwrite", False))
-    check_output_path(cfg.results_dir, "--results-dir", is_dir=True)
-    if cfg.db is not None and "://" not in str(cfg.db):
-        check_output_path(cfg.db, "--db", is_dir=False)
     base = check_model_spec(cfg.base, "--base")
     teacher = base if cfg.teacher in (None, cfg.base) else check_model_spec(cfg.teacher, "--teacher")
     if base is not None and teacher is not None and base.get("vocab_size") != teacher.get("vocab_size"):

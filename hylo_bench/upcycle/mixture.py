@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hylo_bench.config.mixture import Mixture, MixtureSource, parse_mixture
+from hylo_bench.upcycle.documents import DATA_SUFFIXES, read_document_file, row_document, tokenize_document
 
 if TYPE_CHECKING:
     import torch
 
 
 def _read_local(src: MixtureSource, root: Path) -> list[tuple[str, object]]:
-    from hylo_bench.upcycle.data import DATA_SUFFIXES, read_document_file
-
     p = Path(src.path).expanduser()
     p = p if p.is_absolute() else root / p
     if not p.exists():
@@ -48,8 +47,6 @@ def _read_local(src: MixtureSource, root: Path) -> list[tuple[str, object]]:
 def _read_hub(src: MixtureSource) -> list[tuple[str, object]]:
     """The rows of a Hub dataset through ``datasets`` (its cache first; offline without it this fails, naming the
     dataset: there is no fallback to other data)."""
-    from hylo_bench.upcycle.data import _row_document
-
     try:
         import datasets
     except ImportError as e:
@@ -63,7 +60,7 @@ def _read_hub(src: MixtureSource) -> list[tuple[str, object]]:
                          f"that reaches the Hub run `huggingface-cli download --repo-type dataset {src.hub}` first, "
                          f"or give the source a local 'path' (no other data is used in its place)") from None
     where = f"hub dataset {src.hub} ({src.split})"
-    return [(f"{src.split}:{n}", _row_document(row, f"{where} row {n}", src.text_field, src.format, _columns(src)))
+    return [(f"{src.split}:{n}", row_document(row, f"{where} row {n}", src.text_field, src.format, _columns(src)))
             for n, row in enumerate(ds)]
 
 
@@ -206,7 +203,6 @@ def mixture_rows(sampler: MixtureSampler, tokenizer, seq_len: int, num_windows: 
     """:func:`mixture_windows` (the same windows) as ``hylo_bench.upcycle.packing.PackedRows`` with per-document
     ``position_ids`` (conversations rendered with ``chat_template`` or the tokenizer's, with their assistant mask);
     returns (rows, drawn)."""
-    from hylo_bench.upcycle.data import tokenize_document
     from hylo_bench.upcycle.packing import Packer
 
     packer = Packer(seq_len, num_windows, eos_id=tokenizer.eos_token_id)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import atomic_write_json, fault_point, git_sha, weights_sha256
-from hylo_bench.models.spec import default_mla_layers, parse_layout
+from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, weights_sha256
+from hylo_bench.config.hybrid import default_mla_layers, parse_layout
 from hylo_bench.config.upcycle import UpcycleConfig, check_linear_type, validate_config
 from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
@@ -187,7 +187,7 @@ def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistConte
     """The student saved after a finished stage: a fresh model, or loaded into the sharded one under torchrun."""
     import torch
 
-    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.models.hybrid import load_hylo
 
     if ctx is None:
         return load_hylo(stage_dir, dtype=torch.float32, device=device)
@@ -222,13 +222,15 @@ def _write_json(path: Path, obj, ctx: DistContext | None) -> None:
         atomic_write_json(path, obj)
 
 
-def run(cfg: UpcycleConfig) -> dict:
+def run(cfg: UpcycleConfig, on_result: OnResult | None = None) -> dict:
     """Upcycle ``cfg.base`` into a hybrid and distil it; returns the final manifest (also in OUT/manifest.json).
 
     Under ``torchrun`` joins the process group (NCCL on GPU, gloo on CPU), trains with FSDP2 and leaves the group
     at the end; see the module docstring.
 
     Every setting and path is checked first, before torch is imported (:mod:`hylo_bench.upcycle.checks`).
+    ``on_result(manifest, manifest_path)`` is called (on rank 0) after every stage and at the end, when the manifest
+    with the training log so far has been written (the CLI: the results store); None writes the files alone.
 
     Raises:
         ValueError: on bad settings (layout, stages, data, an --out holding another model) with the flag named.
@@ -240,17 +242,18 @@ def run(cfg: UpcycleConfig) -> dict:
 
     ctx = dist_utils.init_distributed(cfg.device)
     try:
-        return _run(cfg, ctx)
+        return _run(cfg, ctx, on_result)
     finally:
         if ctx is not None:
             dist_utils.shutdown()
 
 
-def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
+def _run(cfg: UpcycleConfig, ctx: DistContext | None, on_result: OnResult | None = None) -> dict:
     import torch
 
-    from hylo_bench.config.units import check_device, default_device
-    from hylo_bench.upcycle.data import load_corpus, load_documents
+    from hylo_bench.config.device import check_device, default_device
+    from hylo_bench.upcycle.data import load_corpus
+    from hylo_bench.upcycle.documents import load_documents
     from hylo_bench.upcycle.select import auto_layout, save_selection
     from hylo_bench.upcycle.train import distributed as dist_utils
     from hylo_bench.upcycle.train.losses import eval_heldout
@@ -278,7 +281,8 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     held_len = min(stages[0].seq_len_tokens, 1024)
     selection, init_from = None, None
     if cfg.init_from is not None:
-        from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
+        from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+        from hylo_bench.models.hybrid import load_hylo
 
         init_dir = resolve_checkpoint_dir(cfg.init_from)
         student = load_hylo(init_dir, dtype=torch.float32, device=device)
@@ -362,7 +366,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
     try:
         student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device,
-                              train_log if main else None, peak_flops, corpus, ctx)
+                              train_log if main else None, peak_flops, corpus, ctx, on_result)
     finally:
         train_log.close()
     _save_student(student, tokenizer, out, ctx)
@@ -371,20 +375,14 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     manifest["model_hash"] = weights_sha256(out)  # the identity `ruler` / `eval` record for this checkpoint
     manifest["finished_utc"] = _now()
     _write_json(manifest_path, manifest, ctx)
-    if main:
-        _record_in_store(manifest, manifest_path, cfg)
+    if main and on_result is not None:
+        on_result(manifest, manifest_path)
     return manifest
 
 
-def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) -> None:
-    """Add the run's training log so far to the results store (after every stage; a failure is only logged)."""
-    from hylo_bench.reports import store
-
-    store.record(manifest, manifest_path, db=cfg.db, results_dir=cfg.results_dir)
-
-
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
-                device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None):
+                device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None,
+                on_result: OnResult | None = None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
     import torch
 
@@ -456,8 +454,8 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
         entry["finished_utc"] = _now()
         _write_json(manifest_path, manifest, ctx)
         fault_point("upcycle:stage_done")
-        if ctx is None or ctx.is_main:
-            _record_in_store(manifest, manifest_path, cfg)
+        if (ctx is None or ctx.is_main) and on_result is not None:
+            on_result(manifest, manifest_path)
         if ctx is None:
             (out / RESUME_FILE).unlink(missing_ok=True)
         else:

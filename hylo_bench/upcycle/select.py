@@ -167,7 +167,7 @@ def select_layers(base: nn.Module, windows: torch.Tensor, layout: str, *, seed: 
     Raises:
         ValueError: malformed layout or a count that does not match the model.
     """
-    from hylo_bench.models.config import parse_layout
+    from hylo_bench.config.hybrid import parse_layout
     from hylo_bench.config.student import hybrid_config_for
 
     n_layer = base.config.num_hidden_layers

@@ -70,7 +70,7 @@ def test_memory_sizes_need_a_unit():
 def test_unusable_device_is_refused_before_loading():
     import torch
 
-    from hylo_bench.config.units import check_device
+    from hylo_bench.config.device import check_device
 
     assert check_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="--device 'tpu0': not a torch device"):

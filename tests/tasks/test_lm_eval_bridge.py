@@ -306,7 +306,7 @@ def test_two_worker_processes_give_the_one_process_scores(tiny_hylo_dir, fixture
     runs = {}
     for n in (1, 2):
         cfg = B.EvalConfig(model=str(tiny_hylo_dir), tasks=tasks, output_dir=tmp_path / f"w{n}", data_dir=fixture_dir,
-                           limit=4, batch_size=1, device="cpu", devices=n, write_store=False)
+                           limit=4, batch_size=1, device="cpu", devices=n)
         runs[n] = B.run(cfg)
     assert runs[2]["world_size"] == 2 and runs[1]["world_size"] == 1
     assert runs[2]["scores"] == runs[1]["scores"] and runs[2]["n_samples"] == {t: 4 for t in tasks}

@@ -94,7 +94,7 @@ def test_overwrite_writes_the_student_into_a_folder_holding_another_model(tiny_b
     from typer.testing import CliRunner
 
     from hylo_bench.cli import app
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
 
     out = tmp_path / "teacher_copy"
     shutil.copytree(demo_teacher_dir(), out)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hylo_bench.upcycle.data import load_documents_with_ids
+from hylo_bench.upcycle.documents import load_documents_with_ids
 from hylo_bench.upcycle.decontam import (
     EvalIndex,
     decontaminate,
@@ -105,7 +105,7 @@ def test_document_ids(tmp_path):
 
 
 def test_upcycle_drops_contaminated_documents(tiny_base_dir, tmp_path, eval_dir):
-    from hylo_bench.upcycle.data import shipped_text, split_documents
+    from hylo_bench.upcycle.documents import shipped_text, split_documents
     from hylo_bench.config.upcycle import UpcycleConfig
     from hylo_bench.upcycle.run import run
 

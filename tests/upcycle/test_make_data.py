@@ -59,13 +59,14 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
     import yaml
 
     from hylo_bench.decode.greedy import generate_batch
+    from hylo_bench.tasks.ruler.cache import decontamination_samples
     from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 
     d, tok = chat_teacher
     cfg = MD.MakeDataConfig(out=str(tmp_path / "data"), teacher=str(d), lengths=[384, 768], long_rows=4,
                             instruction_rows=3, max_answer_tokens=8, device="cpu", ruler_tasks=["niah_single_1"],
                             ruler_samples=2, ruler_lengths=[768])
-    man = MD.make_data(cfg)
+    man = MD.make_data(cfg, ruler_samples=decontamination_samples)
     out = tmp_path / "data"
     assert man["rows"] == {"instructions": 3, "long-384": 4, "long-768": 4}
     instr = [json.loads(x) for x in (out / "instructions.jsonl").read_text().splitlines()]
@@ -85,13 +86,13 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
     # same settings, same bytes
     cfg2 = copy.deepcopy(cfg)
     cfg2.out = str(tmp_path / "again")
-    MD.make_data(cfg2)
+    MD.make_data(cfg2, ruler_samples=decontamination_samples)
     for f in ("instructions.jsonl", "long-384.jsonl", "long-768.jsonl", "mixture.yaml"):
         assert (out / f).read_bytes() == (tmp_path / "again" / f).read_bytes()
 
 
 def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
-    from hylo_bench.tasks.ruler.cache import load_or_generate
+    from hylo_bench.tasks.ruler.cache import decontamination_samples, load_or_generate
     from hylo_bench.text.haystack import default_haystack_text
 
     _, tok = chat_teacher
@@ -99,7 +100,8 @@ def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
                             chat_template=False, cache_dir=tmp_path / "cache")[0]["outputs"][0]
     rows = [{"messages": [{"role": "user", "content": "Question: x"}], "kind": "multi_needle", "placed": [gold]}]
     cfg = MD.MakeDataConfig(out=str(tmp_path), lengths=[512], ruler_tasks=["niah_single_1"], ruler_samples=1)
-    rep = MD.ruler_decontamination(rows, cfg, tok, default_haystack_text(), tmp_path / "cache")
+    rep = MD.ruler_decontamination(rows, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                   decontamination_samples)
     assert rep["num_gold_overlaps"] == 1 and rep["gold_overlaps"][0]["gold"] == gold
 
 

@@ -11,9 +11,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from hylo_bench.models.loading import demo_teacher_dir
+from hylo_bench.models.checkpoint import demo_teacher_dir
 from hylo_bench.tasks.ruler import generate_sample
-from hylo_bench.upcycle.data import retrieval_examples, shipped_text
+from hylo_bench.upcycle.data import retrieval_examples
+from hylo_bench.upcycle.documents import shipped_text
 from hylo_bench.upcycle.needles import DenseConfig, DenseDataset, DenseRows, group_digits
 
 

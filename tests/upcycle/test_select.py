@@ -123,7 +123,7 @@ def test_spread_constraint_holds_for_random_scores():
 
 
 def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
-    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.models.hybrid import load_hylo
     from hylo_bench.config.upcycle import UpcycleConfig
     from hylo_bench.upcycle.run import run
 
