@@ -29,7 +29,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 def _fail(e: Exception) -> None:
     from rich.markup import escape
 
-    # escaped: messages quote extras like hylo-bench[vllm]; not wrapped, so paths in them stay whole
+    # escaped: messages quote extras like hylo-bench[gpu]; not wrapped, so paths in them stay whole
     console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
@@ -587,8 +587,8 @@ def sweep(
                                 "real shapes, built on the device in bf16)."),
     contexts: str = typer.Option(..., "--contexts", help="Prompt lengths, e.g. 8k,64k,256k,1m."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, e.g. 1,8."),
-    backend: str = typer.Option("native", "--backend", help="native (hylo-bench engine), hf (eager transformers "
-                                "loop) or vllm."),
+    backend: str = typer.Option("native", "--backend", help="native (hylo-bench engine) or hf (eager "
+                                "transformers loop)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also sweep this model: 'backbone' (the "
                                            "recipe's backbone, random weights) or a checkpoint / hub id."),
     decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib.metadata as md
-import importlib.util
 import json
 import logging
 import os
@@ -29,8 +28,7 @@ from typing import Any
 from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha
 
 logger = logging.getLogger(__name__)
-BACKENDS = ("native", "hf", "vllm")
-VLLM_HINT = "pip install 'hylo-bench[vllm]' (vLLM >= 0.26 with the hylo-bench vLLM plugin)"
+BACKENDS = ("native", "hf")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -42,7 +40,8 @@ class SweepConfig:
         contexts_tokens: prompt lengths (tokens).
         batch_sizes: sequences per point.
         out: results JSON path (benchmark format).
-        backend: ``native`` (hylo-bench engine), ``hf`` (eager transformers loop) or ``vllm``.
+        backend: ``native`` (hylo-bench engine) or ``hf`` (eager transformers loop). vLLM serves HyLo through
+            its own benchmarks (``hylo-bench export-vllm``, docs/vllm.md), not through this sweep.
         baseline: a second model swept the same way: ``backbone`` (the recipe's backbone, random weights, when
             ``model`` is a recipe), a recipe-qualified ``backbone:<recipe>``, or a checkpoint / hub id.
         decode_steps: tokens generated per point (TPOT over all but the first).
@@ -76,6 +75,10 @@ class SweepConfig:
     warmup: bool = True
 
     def __post_init__(self) -> None:
+        if self.backend == "vllm":
+            raise ValueError("--backend vllm: the sweep runs its points in hylo-bench's own workers; serve HyLo with "
+                             "vLLM through `hylo-bench export-vllm` (docs/vllm.md) and its benchmarks, or use "
+                             "--backend native")
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
         if not self.contexts_tokens or min(self.contexts_tokens) < 1:
@@ -90,22 +93,6 @@ class SweepConfig:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v)
                 for f in dataclasses.fields(self)}
-
-
-def check_backend(backend: str) -> None:
-    """Raise a clear error when the backend's dependencies are missing.
-
-    Raises:
-        ValueError: ``vllm`` without vLLM installed (names the extra), or without the hylo-bench vLLM plugin.
-    """
-    if backend != "vllm":
-        return
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"--backend vllm needs vLLM, which is not installed: {VLLM_HINT}; or use --backend native")
-    if importlib.util.find_spec("hylo_bench.serving.vllm_plugin") is None:
-        raise ValueError("--backend vllm needs the hylo-bench vLLM plugin (hylo_bench.serving.vllm_plugin), which "
-                         "this build does not include; use --backend native")
-    raise ValueError("--backend vllm: sweep points through vLLM are not implemented in this build; use native")
 
 
 def resolve_baseline(model: str, baseline: str | None) -> str | None:
@@ -240,7 +227,6 @@ def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = N
     Raises:
         ValueError: a bad backend / baseline (before any point runs).
     """
-    check_backend(cfg.backend)
     baseline = resolve_baseline(cfg.model, cfg.baseline)
     sweep = SweepRun(cfg, on_record, on_result)
     sweep.save()
@@ -288,8 +274,7 @@ def run_with_progress(cfg: SweepConfig, console, runner=run, on_result: OnResult
     record."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    check_backend(cfg.backend)  # fail before the progress bar appears
-    resolve_baseline(cfg.model, cfg.baseline)
+    resolve_baseline(cfg.model, cfg.baseline)  # fail before the progress bar appears
     with Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("points", total=points_total(cfg))
