@@ -385,13 +385,12 @@ def ruler(
             raise ValueError(f"--lengths: {e}") from None
         if backend not in R.BACKENDS:
             raise ValueError(f"--backend: expected one of {', '.join(R.BACKENDS)}, got {backend!r}")
-        lm_eval = backend == "lm-eval"
         cfg = R.RulerConfig(model=model, lengths=length_list, tasks=R.select_tasks(tasks, squad, hotpotqa),
-                            samples=samples, seed=seed if seed is not None else (0 if lm_eval else 42),
+                            samples=samples, seed=seed,
                             results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think,
-                            flavor=flavor or ("lm-eval" if lm_eval else "nvidia"), squad_path=squad,
+                            flavor=flavor, squad_path=squad,
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
                             beyond_context=beyond_context)
         with _json_only(as_json):

@@ -11,6 +11,8 @@ from typing import Any
 from hylo_bench.config.recipes import Recipe, RecipeError, load_recipe, mixer_dims, stages_spec
 from hylo_bench.config.units import parse_length, parse_token_count
 
+DEFAULT_STAGES = "2k:ild,8k"
+DEFAULT_ILD_LR, DEFAULT_KD_LR = 2e-4, 6e-5  # the paper's (training-recipe.md)
 DEMO_STAGES = "1k:ild@750k,1k@250k"  # about 5 minutes on 2 CPU cores
 DEMO_ILD_LR, DEMO_KD_LR = 4e-3, 3e-4
 """Demo defaults (tiny 1.6M-parameter teacher, 1K windows). Chosen by a sweep on the H200 (student RULER at 1K,
@@ -21,7 +23,13 @@ niah_single_1 after ILD); a short KD at 3e-4 keeps it and lowers the KL."""
 
 @dataclass(kw_only=True, slots=True)
 class UpcycleConfig:
-    """Settings of one upcycling run (CLI flags map 1:1 onto these fields)."""
+    """Settings of one upcycling run (CLI flags map 1:1 onto these fields; this class is the only home of their
+    defaults, so ``run(UpcycleConfig(out=...))`` and ``hylo-bench upcycle --out ...`` train the same run).
+
+    ``stages``, ``ild_lr`` and ``kd_lr`` left at None resolve by base: the demo teacher gets the tuned demo schedule
+    (:data:`DEMO_STAGES`, :data:`DEMO_ILD_LR`, :data:`DEMO_KD_LR`), any other base the paper's
+    (:data:`DEFAULT_STAGES`, :data:`DEFAULT_ILD_LR`, :data:`DEFAULT_KD_LR`).
+    """
 
     out: str
     base: str = "demo"
@@ -33,13 +41,13 @@ class UpcycleConfig:
     # "demo", a path (.txt / .jsonl / .parquet / folder / mixture .yaml), or a recipe's inline mixture
     # {"source": recipe file, "mixture": {...}} (its ``data:`` block)
     data: Any = "demo"
-    stages: str = DEMO_STAGES
+    stages: str | None = None  # None: DEMO_STAGES for --base demo, else DEFAULT_STAGES
     tokens_per_stage: int = 1_000_000
     batch_size: int = 4
     batch_tokens: int | None = None  # tokens per micro-batch: each stage's batch = batch_tokens // its length
     grad_accum: int = 1
-    ild_lr: float = 2e-4
-    kd_lr: float = 6e-5
+    ild_lr: float | None = None  # None: DEMO_ILD_LR for --base demo, else DEFAULT_ILD_LR
+    kd_lr: float | None = None  # None: DEMO_KD_LR for --base demo, else DEFAULT_KD_LR
     temperature: float = 1.0
     kl_chunk_size: int = 2048
     eval_windows: int = 8
@@ -65,6 +73,15 @@ class UpcycleConfig:
     init: str = "svd"  # student mixers: "svd" (from the attention weights, paper §3.1) or "random" (fresh init)
     init_from: str | None = None  # start from this HyLo checkpoint (e.g. a shared ILD run) instead of the init
     overwrite: bool = False  # write into an --out that holds files this run did not write (checks.check_out_dir)
+
+    def __post_init__(self) -> None:
+        demo = self.base == "demo"
+        if self.stages is None:
+            self.stages = DEMO_STAGES if demo else DEFAULT_STAGES
+        if self.ild_lr is None:
+            self.ild_lr = DEMO_ILD_LR if demo else DEFAULT_ILD_LR
+        if self.kd_lr is None:
+            self.kd_lr = DEMO_KD_LR if demo else DEFAULT_KD_LR
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +140,7 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
             ``kv_lora_rank`` / ``q_lora_rank`` are mixer overrides.
 
     Returns:
-        ``UpcycleConfig``. From a recipe: base/teacher = backbone/teacher, mla_layers + linear_type, stages,
+        ``UpcycleConfig`` (its own defaults for whatever neither sets). From a recipe: base/teacher = backbone/teacher, mla_layers + linear_type, stages,
         ild/kd lr, batch = the KD stage's per-device batch with grad_accum = global / per-device batch (one
         process reproduces the global batch), temperature, seed, mixer dims and YaRN.
     """
@@ -154,11 +171,7 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
                 kw.pop("linear_type")
         if "init_from" in given:  # the checkpoint brings its own dims
             kw["mixer_overrides"] = {}
-    else:
-        demo = given.get("base", "demo") == "demo"
-        kw.update(stages=DEMO_STAGES if demo else "2k:ild,8k", ild_lr=DEMO_ILD_LR if demo else 2e-4,
-                  kd_lr=DEMO_KD_LR if demo else 6e-5)
-    kw.update(given)
+    kw.update(given)  # what is still unset takes UpcycleConfig's defaults
     kw["mixer_overrides"] = {**kw.get("mixer_overrides", {}), **mixer}
     if recipe is not None:
         kw["recipe"] = recipe.name

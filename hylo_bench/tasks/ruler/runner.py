@@ -57,7 +57,8 @@ class RulerConfig:
         tasks: task names from ``TASKS``.
         samples: samples per (task, length); lm-eval uses 500.
         results_dir: folder for ``ruler-<model>-<timestamp>.json`` and the sample cache ``cache/``.
-        seed: run seed; each sample's rng derives from (seed, task, length, index).
+        seed: run seed; each sample's rng derives from (seed, task, length, index). Default (None): 42, or 0 (lm-eval's
+            own) with ``backend="lm-eval"``.
         haystack_path: essay haystack text file; ``None`` = the shipped ``devils-dictionary.txt``.
         batch_size: prompts per ``generate`` call (left-padded when > 1).
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
@@ -65,7 +66,8 @@ class RulerConfig:
         strip_think: remove ``<think>...</think>`` spans from predictions before scoring
             (:func:`hylo_bench.text.think.strip_think`; for Qwen3-based checkpoints).
         flavor: ``nvidia`` (NVIDIA/RULER prompts and QA any-match) or ``lm-eval`` (lm-eval 0.4.13's variant);
-            docs/ruler.md lists the differences.
+            docs/ruler.md lists the differences. Default (None): ``nvidia``, or ``lm-eval`` with
+            ``backend="lm-eval"``.
         squad_path: SQuAD v2 dev JSON for ``ruler_qa_squad`` (``None``: ``$HYLO_BENCH_SQUAD``, else
             ``~/.cache/hylo_bench/ruler/dev-v2.0.json``).
         hotpotqa_path: HotpotQA dev distractor JSON for ``ruler_qa_hotpot`` (``None``: ``$HYLO_BENCH_HOTPOTQA``,
@@ -92,13 +94,13 @@ class RulerConfig:
     tasks: list[str]
     samples: int
     results_dir: str | Path
-    seed: int = 42
+    seed: int | None = None  # resolved in __post_init__ (42; 0 with the lm-eval backend)
     haystack_path: str | Path | None = None
     batch_size: int = 1
     chat_template: bool = False
     device: str | None = None
     strip_think: bool = False
-    flavor: str = "nvidia"
+    flavor: str | None = None  # resolved in __post_init__ ("nvidia"; "lm-eval" with the lm-eval backend)
     squad_path: str | Path | None = None
     hotpotqa_path: str | Path | None = None
     resume: bool = False
@@ -112,6 +114,11 @@ class RulerConfig:
         return self.squad_path if task == "ruler_qa_squad" else self.hotpotqa_path
 
     def __post_init__(self) -> None:
+        lm_eval = self.backend == "lm-eval"
+        if self.seed is None:
+            self.seed = 0 if lm_eval else 42
+        if self.flavor is None:
+            self.flavor = "lm-eval" if lm_eval else "nvidia"
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
             raise ValueError(f"lengths must be a non-empty list of positive ints (tokens), got {self.lengths!r}")
         if len(set(self.lengths)) != len(self.lengths):
