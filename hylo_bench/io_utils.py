@@ -93,9 +93,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hylo_bench").expanduser()
 
 
-def _cached_sha256(path: Path) -> str:
+def cached_sha256(path: str | Path) -> str:
     """:func:`sha256_file` of ``path``, remembered by (resolved path, size, mtime in ns) in this process and in
     ``cache_dir()/weights-sha256.json`` (a write failure there only costs the next run a re-hash)."""
+    path = Path(path)
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key in _hash_memo:
@@ -133,7 +134,7 @@ def weights_sha256(d: str | Path) -> str:
     files = sorted({f for pattern in WEIGHT_PATTERNS for f in d.glob(pattern) if f.is_file()})
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}\0{f.stat().st_size}\0{_cached_sha256(f)}\n".encode())
+        h.update(f"{f.name}\0{f.stat().st_size}\0{cached_sha256(f)}\n".encode())
     return h.hexdigest()
 
 

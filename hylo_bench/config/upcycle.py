@@ -96,18 +96,27 @@ INITS = ("svd", "random")
 DOC_BOUNDARIES = ("kd", "all", "off")
 
 
-def validate_config(cfg: UpcycleConfig) -> None:
-    """Checks that need no model: fail before anything is loaded.
+def check_demo_data(cfg: UpcycleConfig) -> None:
+    """Refuse the demo text for a real base unless asked for: checked after every path and number, so a run with
+    a wrong flag hears about that flag first.
 
     Raises:
-        ValueError: ``--data demo`` with a real base (unless ``allow_demo_data``), an unknown ``--kl-tokens`` /
-            ``--init`` / ``--doc-boundaries``, ``--init-from`` together with a layout or ``--init``.
+        ValueError: ``--data demo`` with a base other than the demo teacher and no ``allow_demo_data``.
     """
     if cfg.data == "demo" and cfg.base != "demo" and not cfg.allow_demo_data:
         raise ValueError(f"--data demo distils --base {cfg.base} on the shipped demo text (one small book and "
                          f"synthetic retrieval rows), which is not a real run: pass --data PATH (a .jsonl / .parquet "
                          f"/ .txt file or folder, a mixture .yaml, or `hylo-bench make-data` output) or a --recipe "
                          f"with data, or add --allow-demo-data to use the demo text anyway")
+
+
+def validate_config(cfg: UpcycleConfig) -> None:
+    """Checks that need no model: fail before anything is loaded.
+
+    Raises:
+        ValueError: an unknown ``--kl-tokens`` / ``--init`` / ``--doc-boundaries``, ``--init-from`` together with
+            a layout or ``--init``.
+    """
     if cfg.kl_tokens not in KL_TOKENS:
         raise ValueError(f"--kl-tokens {cfg.kl_tokens!r}: expected one of {', '.join(KL_TOKENS)}")
     if cfg.init not in INITS:

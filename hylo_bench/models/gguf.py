@@ -63,8 +63,10 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 
 def cache_root() -> Path:
-    """``$HYLO_BENCH_CACHE`` or ``~/.cache/hylo_bench``."""
-    return Path(os.environ.get("HYLO_BENCH_CACHE") or Path.home() / ".cache" / "hylo_bench").expanduser()
+    """hylo-bench's cache folder (``$HYLO_BENCH_CACHE`` or ``~/.cache/hylo_bench``; :func:`io_utils.cache_dir`)."""
+    from hylo_bench.io_utils import cache_dir
+
+    return cache_dir()
 
 
 def is_gguf_path(spec: str | Path) -> bool:
@@ -121,28 +123,11 @@ def _check_magic(p: Path) -> int:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of every byte of ``path``, streamed; cached in ``cache_root()/hashes.json`` by (resolved path,
-    size, mtime_ns), so an unchanged file is hashed once."""
-    from hylo_bench.io_utils import atomic_write_json, sha256_file
+    """Hex SHA-256 of every byte of ``path``, streamed, cached by (path, size, mtime)
+    (:func:`hylo_bench.io_utils.cached_sha256`, the cache the weights hash uses)."""
+    from hylo_bench.io_utils import cached_sha256
 
-    p = Path(path).expanduser().resolve()
-    st = p.stat()
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
-    index_path = cache_root() / "hashes.json"
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        index = {}
-    if isinstance(index, dict) and isinstance(index.get(key), str):
-        return index[key]
-    digest = sha256_file(p)
-    index = {k: v for k, v in (index.items() if isinstance(index, dict) else []) if not k.startswith(f"{p}|")}
-    index[key] = digest
-    try:
-        atomic_write_json(index_path, index)
-    except OSError as e:  # a read-only cache only costs a re-hash next time
-        logger.debug("could not write %s: %s", index_path, e)
-    return digest
+    return cached_sha256(Path(path).expanduser())
 
 
 def converted_dir(path: str | Path, dtype: str = "float32", cache: Path | None = None) -> Path:

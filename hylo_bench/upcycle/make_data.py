@@ -21,8 +21,8 @@ What it writes into ``OUT`` (every row a conversation ``{"messages": [...], "kin
 Seeds: every draw comes from ``random.Random("make-data:<seed>:<kind>:<L>:<i>")``, string seeds, so no stream
 coincides with RULER's integer per-sample seeds. Decontamination: the RULER samples of the evaluation plan
 (tasks x lengths x samples at RULER's seed) come from the ``ruler_samples`` callable the caller hands in
-(``hylo-bench make-data``: RULER's own sample generator, cached where ``ruler`` reads them) and every gold
-answer is looked up among the values this data placed (codes, chain ends, keys) and in its question texts; the
+(``hylo-bench make-data``: RULER's own sample generator, cached where ``ruler`` reads them); a sample overlaps when
+one training row placed every one of its gold answers (codes, chain ends, keys, defined words); the
 report lists overlaps (expected none) and the word 13-grams shared between RULER's non-haystack prompt text and
 the rows' questions.
 """
@@ -355,11 +355,15 @@ def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, hays
     def norm(v: Any) -> str:  # RULER keys are "adjective-noun", ours "adjective noun"
         return str(v).lower().replace("-", " ").strip()
 
-    placed = {norm(v) for r in rows for v in r.get("placed", [])}
+    rows_with: dict[str, set[int]] = {}  # placed value -> the rows that hold it
+    for k, r in enumerate(rows):
+        for v in r.get("placed", []):
+            rows_with.setdefault(norm(v), set()).add(k)
+    placed = set(rows_with)
     questions = [r["messages"][0]["content"].rsplit("Question:", 1)[-1] for r in rows if r.get("kind") in LONG_KINDS]
     row_grams = set().union(*(_ngrams(q) for q in questions)) if questions else set()
     hay_grams = _ngrams(haystack_text)
-    checked, overlaps, gram_hits, skipped = 0, [], 0, []
+    checked, overlaps, gram_hits, skipped, single_hits = 0, [], 0, [], {}
     for length in cfg.ruler_lengths or cfg.lengths:
         for task in cfg.ruler_tasks:
             try:
@@ -370,16 +374,24 @@ def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, hays
                 continue
             for s in samples:
                 checked += 1
-                for g in s["outputs"]:
-                    if norm(g) in placed:
-                        overlaps.append({"task": task, "length": length, "index": s["index"], "gold": g})
+                golds = [norm(g) for g in s["outputs"]]
+                hits = [g for g in golds if g in placed]
+                single_hits[task] = single_hits.get(task, 0) + len(hits)
+                holders = set.intersection(*(rows_with.get(g, set()) for g in golds)) if golds else set()
+                if holders:  # one training row holds every gold answer of this sample
+                    overlaps.append({"task": task, "length": length, "index": s["index"], "golds": s["outputs"],
+                                     "rows": sorted(holders)[:5]})
                 gram_hits += len((_ngrams(s["input"]) - hay_grams) & row_grams)
     return {"ruler_seed": cfg.ruler_seed, "tasks": list(cfg.ruler_tasks), "lengths": list(cfg.ruler_lengths or cfg.lengths),
             "samples_per_task": cfg.ruler_samples, "ruler_samples_checked": checked,
             "placed_values": len(placed), "gold_overlaps": overlaps, "num_gold_overlaps": len(overlaps),
             "shared_13grams_outside_haystack": gram_hits, "skipped": skipped,
-            "note": "the long rows' documents are passages of the text RULER's essay haystack is made of, so "
-                    "13-grams shared through the haystack are expected and not counted"}
+            "single_gold_hits_by_task": single_hits,
+            "note": "an overlap is a RULER sample all of whose gold answers one training row placed (a code, chain "
+                    "end, key or defined word); single gold words found among placed values are only counted "
+                    "(single_gold_hits_by_task: CWE's golds are common words, which the QA rows' dictionary "
+                    "headwords share). The long rows' documents are passages of the text RULER's essay haystack is "
+                    "made of, so 13-grams shared through the haystack are expected and not counted"}
 
 
 # --- the command -------------------------------------------------------------------------------------------------

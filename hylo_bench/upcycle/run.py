@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from hylo_bench import __version__
 from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, weights_sha256
 from hylo_bench.config.hybrid import default_mla_layers, parse_layout
-from hylo_bench.config.upcycle import UpcycleConfig, check_linear_type, validate_config
+from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, check_linear_type, validate_config
 from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.stages import Stage, parse_stages
@@ -238,6 +238,7 @@ def run(cfg: UpcycleConfig, on_result: OnResult | None = None) -> dict:
     """
     validate_config(cfg)
     check_upcycle_config(cfg)
+    check_demo_data(cfg)
     from hylo_bench.upcycle.train import distributed as dist_utils
 
     ctx = dist_utils.init_distributed(cfg.device)

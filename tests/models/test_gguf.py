@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import zipfile
 
@@ -86,8 +87,8 @@ def test_file_sha256_hashes_every_byte_and_is_cached(tmp_path, cache):
     os.utime(f, ns=(1, 2))  # a new mtime: the cache key changes
     assert G.file_sha256(f) == hashlib.sha256(bytes(data)).hexdigest()
     # the cache answers for an unchanged (path, size, mtime) without reading the file again
-    index = (cache / "hashes.json").read_text()
-    assert index.count(str(f.resolve())) == 1
+    index = json.loads((cache / "weights-sha256.json").read_text())
+    assert index[str(f.resolve())]["sha256"] == hashlib.sha256(bytes(data)).hexdigest()
 
 
 def test_unfetched_known_model_names_the_fetch_command(cache):

@@ -17,12 +17,20 @@ from hylo_bench.models import gguf as G
 
 pytestmark = pytest.mark.real_model
 NAME = "smollm2-135m-instruct"
+# The user's cache (where `hylo-bench fetch` put the model and its conversion), read before tests/conftest.py
+# points every test at a private cache: converting the real model takes a minute, once.
+REAL_CACHE = os.environ.get("HYLO_BENCH_CACHE") or str(Path.home() / ".cache" / "hylo_bench")
+
+
+@pytest.fixture(autouse=True)
+def _real_cache(monkeypatch):
+    monkeypatch.setenv("HYLO_BENCH_CACHE", REAL_CACHE)
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     env = os.environ.get("HYLO_SMOLLM2_GGUF")
-    path = Path(env) if env else G.known_model_file(NAME)
+    path = Path(env) if env else G.known_model_file(NAME, Path(REAL_CACHE))
     if not path.is_file():
         pytest.skip(f"real model not fetched: run `hylo-bench fetch {NAME}` (or set HYLO_SMOLLM2_GGUF)")
     return path
@@ -30,7 +38,7 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf) -> Path:
-    return G.convert_gguf(smollm2_gguf)
+    return G.convert_gguf(smollm2_gguf, cache=Path(REAL_CACHE))
 
 
 def test_gguf_conversion_equals_transformers_gguf_load(smollm2_gguf, smollm2_dir, monkeypatch):

@@ -102,7 +102,20 @@ def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
     cfg = MD.MakeDataConfig(out=str(tmp_path), lengths=[512], ruler_tasks=["niah_single_1"], ruler_samples=1)
     rep = MD.ruler_decontamination(rows, cfg, tok, default_haystack_text(), tmp_path / "cache",
                                    decontamination_samples)
-    assert rep["num_gold_overlaps"] == 1 and rep["gold_overlaps"][0]["gold"] == gold
+    assert rep["num_gold_overlaps"] == 1 and rep["gold_overlaps"][0]["golds"] == [gold]
+    # a sample with several golds overlaps only when one row holds them all
+    sample = load_or_generate("niah_multivalue", tok, 1024, 1, seed=42, haystack_text=default_haystack_text(),
+                              chat_template=False, cache_dir=tmp_path / "cache")[0]
+    golds = sample["outputs"]
+    assert len(golds) > 1
+    cfg = MD.MakeDataConfig(out=str(tmp_path), lengths=[1024], ruler_tasks=["niah_multivalue"], ruler_samples=1)
+    split = [{"messages": rows[0]["messages"], "kind": "qa", "placed": [g]} for g in golds]
+    rep = MD.ruler_decontamination(split, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                   decontamination_samples)
+    assert rep["num_gold_overlaps"] == 0 and rep["single_gold_hits_by_task"] == {"niah_multivalue": len(golds)}
+    whole = [{"messages": rows[0]["messages"], "kind": "qa", "placed": list(golds)}]
+    assert MD.ruler_decontamination(whole, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                    decontamination_samples)["num_gold_overlaps"] == 1
 
 
 def test_foreign_output_folder_is_refused(tmp_path):

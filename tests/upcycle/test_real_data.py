@@ -10,7 +10,7 @@ import yaml
 
 from hylo_bench.config.mixture import parse_mixture
 from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
-from hylo_bench.config.upcycle import UpcycleConfig, upcycle_config_from_recipe, validate_config
+from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, upcycle_config_from_recipe, validate_config
 
 
 def test_every_released_recipe_carries_the_model_card_mixture():
@@ -33,7 +33,7 @@ def test_recipe_data_offline_fails_naming_the_hub_dataset(monkeypatch, tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
     cfg = upcycle_config_from_recipe(R.load_recipe("HyLo-Llama-4MLA12GDN-8K-SFT"), str(tmp_path / "o"), {})
     assert cfg.data["mixture"]["sources"][0]["hub"] == "JunxiongWang/sftdatasetv3"
-    validate_config(cfg)  # a recipe's data is not the demo text
+    check_demo_data(cfg)  # a recipe's data is not the demo text
     with pytest.raises(ValueError, match=r"hub dataset 'JunxiongWang/sftdatasetv3' .*could not be loaded.*no other "
                                          r"data is used in its place"):
         load_corpus(cfg.data)
@@ -41,9 +41,9 @@ def test_recipe_data_offline_fails_naming_the_hub_dataset(monkeypatch, tmp_path)
 
 def test_demo_data_with_a_real_base_is_refused_unless_asked_for():
     with pytest.raises(ValueError, match=r"--data demo distils --base my/model .*--allow-demo-data"):
-        validate_config(UpcycleConfig(out="o", base="my/model"))
-    validate_config(UpcycleConfig(out="o", base="my/model", allow_demo_data=True))
-    validate_config(UpcycleConfig(out="o"))  # the demo teacher on its own text
+        check_demo_data(UpcycleConfig(out="o", base="my/model"))
+    check_demo_data(UpcycleConfig(out="o", base="my/model", allow_demo_data=True))
+    check_demo_data(UpcycleConfig(out="o"))  # the demo teacher on its own text
     with pytest.raises(ValueError, match="--kl-tokens 'bos'"):
         validate_config(UpcycleConfig(out="o", kl_tokens="bos"))
     with pytest.raises(ValueError, match="--init-from x: the layout comes from that checkpoint"):
@@ -55,7 +55,7 @@ def test_cli_refuses_demo_data_for_a_real_base_before_loading(tmp_path):
 
     from hylo_bench.cli import app
 
-    res = CliRunner().invoke(app, ["upcycle", "--base", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(app, ["upcycle", "--base", "my-org/a-real-model", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--allow-demo-data" in " ".join(res.output.split())
     assert not (tmp_path / "o").exists()
 
