@@ -191,8 +191,9 @@ def main() -> None:
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
-                         "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without programmatic "
-                         "dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default auto: the one-kernel "
+                         "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without "
+                         "programmatic dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default "
+                         "auto: the one-kernel "
                          "token on CUDA). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)

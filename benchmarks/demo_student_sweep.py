@@ -20,9 +20,9 @@ import time
 
 import torch
 
+from hylo_bench.config.upcycle import UpcycleConfig
 from hylo_bench.models.loading import load_model
 from hylo_bench.tasks.ruler import generate_sample, score_prediction
-from hylo_bench.config.upcycle import UpcycleConfig
 from hylo_bench.upcycle.run import run
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")

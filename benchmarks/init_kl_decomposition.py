@@ -27,8 +27,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope, write_result  # noqa: E402
 
-from hylo_bench.models.hybrid import HyLoForCausalLM  # noqa: E402
 from hylo_bench.config.student import hybrid_config_for  # noqa: E402
+from hylo_bench.models.hybrid import HyLoForCausalLM  # noqa: E402
 from hylo_bench.upcycle.transfer import init_student  # noqa: E402
 
 

@@ -153,9 +153,9 @@ def decode_bytes_per_token(model, engine, T: int, B: int) -> int:
 def parity_checks(run: Run, model, device: str) -> None:
     """Kernel and engine checks on the GPU (recorded): Triton vs torch MLA decode, fla vs torch GDN decode step,
     engine prefill logits vs the model's forward, CUDA-graph tokens vs eager tokens."""
-    from hylo_bench.kernels.mla_decode import mla_decode
     from hylo_bench.decode.engine import Engine
     from hylo_bench.decode.linear_layer import LinearServing
+    from hylo_bench.kernels.mla_decode import mla_decode
 
     def rel(a, b):
         return ((a.float() - b.float()).norm() / b.float().norm()).item()

@@ -117,8 +117,8 @@ def upcycle(
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
     doc_boundaries: Optional[str] = typer.Option(None, "--doc-boundaries", help="Packed documents keep their "
                                                  "boundaries (no attention or recurrent state across documents) in "
-                                                 "'kd' stages (default; 'off' with --data demo, one book), 'all' stages, or "
-                                                 "'off'."),
+                                                 "'kd' stages (default; 'off' with --data demo, one book), 'all' "
+                                                 "stages, or 'off'."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
@@ -235,7 +235,8 @@ def make_data(
     decontamination report against RULER's prompts."""
     from hylo_bench.config.units import parse_length
     from hylo_bench.tasks.ruler.cache import decontamination_samples
-    from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
+    from hylo_bench.upcycle.make_data import MakeDataConfig
+    from hylo_bench.upcycle.make_data import make_data as run_make_data
 
     try:
         cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
@@ -259,8 +260,14 @@ class _progress_bars:
     """``progress(description, total) -> advance(n)`` on one rich Progress (items/s and ETA)."""
 
     def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
-            TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
         from rich.text import Text
 
         class Rate(ProgressColumn):
@@ -311,9 +318,8 @@ def kv(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Memory model: KV bytes/token, state bytes/sequence, weights, largest context per GPU, vLLM pages."""
+    from hylo_bench.config.units import parse_bytes, parse_length
     from hylo_bench.info import kv_report, render_kv
-    from hylo_bench.config.units import parse_bytes
-    from hylo_bench.config.units import parse_length
 
     try:
         result = kv_report(target, gpu_mem_bytes=parse_bytes(gpu_mem) if gpu_mem else None, gpu_util=gpu_util,
@@ -370,8 +376,8 @@ def ruler(
                                "for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
-    from hylo_bench.tasks import ruler as R
     from hylo_bench.config.units import parse_length
+    from hylo_bench.tasks import ruler as R
 
     if list_tasks:
         typer.echo("\n".join(R.list_tasks()))
@@ -464,7 +470,8 @@ def compare(
     paper: Optional[Path] = typer.Option(None, "--paper", help="hylo_paper_tables.json (default: the shipped copy)."),
 ) -> None:
     """Per-metric deltas CAND - BASE with 95 % CIs; exit 1 if any metric regresses beyond the threshold and CI."""
-    from hylo_bench.reports import compare as C, store
+    from hylo_bench.reports import compare as C
+    from hylo_bench.reports import store
 
     try:
         stored = not all(side.startswith("paper:") for side in (base, cand))
@@ -544,7 +551,8 @@ def generate(
     import sys
     import time
 
-    from hylo_bench.generate import GenerateConfig, run as run_generate
+    from hylo_bench.generate import GenerateConfig
+    from hylo_bench.generate import run as run_generate
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
@@ -608,8 +616,8 @@ def sweep(
     no_store: bool = typer.Option(False, "--no-store", help="Write only the JSON, not the results store."),
 ) -> None:
     """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
-    from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
     from hylo_bench.config.units import parse_length
+    from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
 
     try:
         if device is not None:

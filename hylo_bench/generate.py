@@ -36,7 +36,8 @@ class GenerateConfig:
         seed: torch seed set before generating (sampling reproducibility).
         strip_think: remove ``<think>...</think>`` spans from the output (streamed and returned).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
-        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see :func:`hylo_bench.config.device.parse_dtype`.
+        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see
+            :func:`hylo_bench.config.device.parse_dtype`.
     """
 
     model: str

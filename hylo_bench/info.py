@@ -40,8 +40,8 @@ def resolve_target(spec: str) -> Target:
         FileNotFoundError: a directory without ``hybrid_config.json``.
         ValueError: neither a directory nor a known recipe (close recipe names listed); bad config values.
     """
-    from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME, HybridSpec
     from hylo_bench.config import recipes as R
+    from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME, HybridSpec
 
     p = Path(spec).expanduser()
     if p.is_dir():
@@ -157,8 +157,8 @@ def describe(spec: str) -> dict[str, Any]:
 
 def _is_transformer_target(spec: str) -> bool:
     """``demo``, a ``.gguf`` file, a fetched known model, or a checkpoint folder without ``hybrid_config.json``."""
-    from hylo_bench.models import gguf
     from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
+    from hylo_bench.models import gguf
 
     p = Path(spec).expanduser()
     if spec == "demo" or gguf.is_gguf_path(spec) and not p.is_dir() or (spec in gguf.KNOWN_MODELS and not p.exists()):

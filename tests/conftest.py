@@ -106,8 +106,8 @@ def engine_reference_case():
     """(model, ids, want) for the engines' back-end equivalence tests: a tiny q/k-norm hybrid whose matrices are
     scaled x3 (so greedy tokens depend on every layer), two 13-token prompts, and the torch-back-end engine's 6
     greedy tokens (float32, CPU)."""
-    from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.decode.engine import Engine
+    from hylo_bench.models.hybrid import HyLoForCausalLM
 
     torch.manual_seed(0)
     model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()

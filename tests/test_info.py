@@ -172,7 +172,8 @@ def test_info_imports_neither_torch_nor_transformers(tiny_ckpt):
             f"for argv in {[['info', n, '--json'] for n in names] + [['kv', str(tiny_ckpt), '--json']]!r}:\n"
             "    buf = io.StringIO()\n"
             "    with contextlib.redirect_stdout(buf):\n"
-            "        try:\n            app(argv)\n        except SystemExit as e:\n            assert not e.code, argv\n"
+            "        try:\n            app(argv)\n"
+            "        except SystemExit as e:\n            assert not e.code, argv\n"
             "    outs.append(json.loads(buf.getvalue()))\n"
             "bad = [m for m in ('torch', 'transformers', 'sklearn', 'hylo_bench.models.hybrid') if m in sys.modules]\n"
             "print(json.dumps({'loaded': bad, 'kv': [o['kv_cache_bytes_per_token'] for o in outs]}))")
@@ -187,9 +188,9 @@ def test_hybrid_spec_equals_hylo_config_for_every_recipe():
     """The torch-free ``HybridSpec`` and the transformers ``HyLoConfig`` share one implementation
     (``HybridFields``); built from the same recipe they must write identical hybrid_config.json / config.json and
     agree on the derived values the memory model reads."""
-    from hylo_bench.config.hylo_config import HyLoConfig
-    from hylo_bench.config.hybrid import HybridSpec
     from hylo_bench.config import recipes as R
+    from hylo_bench.config.hybrid import HybridSpec
+    from hylo_bench.config.hylo_config import HyLoConfig
 
     for name in R.list_recipes():
         recipe = R.load_recipe(name)
@@ -208,8 +209,8 @@ def test_hybrid_spec_equals_hylo_config_for_every_recipe():
 
 
 def test_hybrid_spec_rejects_what_hylo_config_rejects(tmp_path):
-    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.config.hybrid import HybridSpec
+    from hylo_bench.config.hylo_config import HyLoConfig
 
     base = {"model_type": "llama", "vocab_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
     hybrid = {"hidden_size": 32, "n_layer": 2, "mla_layers": [1], "intermediate_size": 64, "num_attention_heads": 4,

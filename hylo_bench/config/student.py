@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-
 # Released MLA / GDN dimensions per backbone shape (checkpoint-format.md §3.3), keyed by
 # (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim).
 RELEASED_DIMS: dict[tuple[int, int, int, int, int], dict] = {

@@ -149,7 +149,8 @@ def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str,
             ``kv_lora_rank`` / ``q_lora_rank`` are mixer overrides.
 
     Returns:
-        ``UpcycleConfig`` (its own defaults for whatever neither sets). From a recipe: base/teacher = backbone/teacher, mla_layers + linear_type, stages,
+        ``UpcycleConfig`` (its own defaults for whatever neither sets). From a recipe: base/teacher =
+        backbone/teacher, mla_layers + linear_type, stages,
         ild/kd lr, batch = the KD stage's per-device batch with grad_accum = global / per-device batch (one
         process reproduces the global batch), temperature, seed, mixer dims and YaRN.
     """

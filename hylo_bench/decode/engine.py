@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
 from hylo_bench.decode.mla_layer import MLAServing, flash_gqa_supported
+from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
@@ -306,7 +306,8 @@ class Engine(_EngineBase):
             torch path for that part. CUDA batches of at most 16 sequences (larger ones take the torch reference).
             With it, each MLA layer also runs ``q_b_proj`` on the Triton GEMV and its query / cache-row glue and
             ``W_UV`` on two Triton kernels (:meth:`hylo_bench.decode.mla_layer.MLAServing.prep_triton`; with the
-            GDN token kernel, 64K decode 1.87 -> 1.70 ms, 60.1 % of the bound: ``decode_profile_64k_tuned_at_64k.json``).
+            GDN token kernel, 64K decode 1.87 -> 1.70 ms, 60.1 % of the bound:
+            ``decode_profile_64k_tuned_at_64k.json``).
         fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with
             their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
             (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from hylo_bench.kernels.gated_delta import DECODE_CHOICE, select_gdn_decode_backend, select_prestep_backend
-from hylo_bench.models.cache import map_state
 from hylo_bench.decode.fused import Prologue, merge_linears, project
 from hylo_bench.decode.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
-
+from hylo_bench.kernels.gated_delta import DECODE_CHOICE, select_gdn_decode_backend, select_prestep_backend
+from hylo_bench.models.cache import map_state
 
 
 def _copy_state(dst, src) -> None:

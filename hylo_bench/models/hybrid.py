@@ -22,6 +22,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
+from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.models.cache import HyLoCache
 from hylo_bench.models.checkpoint import (
     check_compatible,
@@ -30,8 +32,6 @@ from hylo_bench.models.checkpoint import (
     save_hylo,
     warn_bad_weights,
 )
-from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
-from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.models.mla import MLA
 
 

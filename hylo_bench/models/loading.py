@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 
 from hylo_bench.config.device import check_device, default_device, default_dtype
+from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME, read_hf_config
 from hylo_bench.models.checkpoint import resolve_checkpoint_dir, warn_bad_weights
-from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
-from hylo_bench.config.hybrid import read_hf_config
 
 
 def weights_hash(d: Path) -> str:

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from hylo_bench.config.hybrid import LATENT_NORM_EPS, mla_softmax_scale
+from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.models.attention import causal_attention, varlen_causal_attention
 from hylo_bench.models.cache import MLALayerCache
-from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.models.rope import MLARotary, apply_rope_interleaved
-from hylo_bench.config.hybrid import LATENT_NORM_EPS, mla_softmax_scale
 
 
 class MLA(nn.Module):

@@ -55,7 +55,8 @@ def build_report(
     """
     results_dir, out_html = Path(results_dir), Path(out_html)
     if out_html.is_dir():
-        raise ValueError(f"-o {str(out_html)!r} is a directory; give the HTML file to write, e.g. {out_html / 'report.html'}")
+        raise ValueError(f"-o {str(out_html)!r} is a directory; give the HTML file to write, e.g. "
+                         f"{out_html / 'report.html'}")
     check_output_path(out_html, "-o", is_dir=False)
     if images_dir is not None:
         check_output_path(images_dir, "--images", is_dir=True)

@@ -185,7 +185,8 @@ def parse_manifest(obj: dict[str, Any], run: str, manifest_file: str) -> list[di
                 raise ValueError(f"stages[{i}].losses[{j}].loss: expected a finite number, got {entry['loss']!r}")
             rows.append({
                 "run": run, "manifest_file": manifest_file, "stage_index": i, "stage": stage["name"],
-                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"], "tokens_seen": stage["tokens_seen"],
+                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"],
+                "tokens_seen": stage["tokens_seen"],
                 "step": entry["step"], "loss": float(entry["loss"]), "tokens": entry["tokens"],
             })  # fmt: skip
     return rows

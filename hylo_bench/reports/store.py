@@ -240,7 +240,8 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     return max(version, target)
 
 
-def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *, create: bool = True) -> Engine:
+def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *,
+               create: bool = True) -> Engine:
     """Connect to the store (see :func:`resolve_url`) and migrate it to the current schema.
 
     Args:
@@ -395,7 +396,8 @@ def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable
         engine.dispose()
 
 
-def recorder(db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> Callable[..., SaveOutcome | None]:
+def recorder(db: str | Path | None = None,
+             results_dir: str | Path = "hylo-results") -> Callable[..., SaveOutcome | None]:
     """The ``on_result`` callback the CLI hands to a command's ``run``: ``on_result(obj, path)`` stores the result
     object just written to ``path`` (:func:`record` into ``db``, else ``$HYLO_BENCH_DB``, else
     ``results_dir/hylo_bench.sqlite``). A ``functools.partial``, so it pickles into spawned worker processes."""
@@ -412,7 +414,8 @@ def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None =
     """
     path = obj_or_path if isinstance(obj_or_path, (str, Path)) else source
     try:
-        rec = parse_file(obj_or_path) if isinstance(obj_or_path, (str, Path)) else parse_object(obj_or_path, str(source))
+        rec = (parse_file(obj_or_path) if isinstance(obj_or_path, (str, Path))
+               else parse_object(obj_or_path, str(source)))
         engine = open_store(db, results_dir)
         try:
             return save_runs(engine, [rec])[0]
@@ -445,7 +448,8 @@ def sync_dir(engine: Engine, root: str | Path) -> tuple[list[SaveOutcome], list[
         try:
             obj = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            # An unreadable .json does not say its kind (a results file cut off mid-write, say): list it, do not hide it.
+            # An unreadable .json does not say its kind (a results file cut off mid-write, say): list it, do not
+            # hide it.
             logger.warning("report: %s is not readable JSON (%s); skipped", path, exc)
             skipped.append((str(path), f"not readable JSON: {exc}"))
             continue
@@ -525,7 +529,8 @@ def unfinished_runs(engine: Engine, *, with_ids: bool = True) -> list[tuple[int,
     for r in rows:
         planned = json.loads(r.config_json).get("planned")
         of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
-        reason = (f"unfinished run{f' {r.id}' if with_ids else ''} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
+        run_id = f" {r.id}" if with_ids else ""
+        reason = (f"unfinished run{run_id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
                   f"or is still running): left out")
         out.append((int(r.id), r.source, reason))
     return out

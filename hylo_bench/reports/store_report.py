@@ -23,12 +23,17 @@ import plotly.offline
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_text
 from hylo_bench.reports import figures as F
+from hylo_bench.reports import html as H
 from hylo_bench.reports import store
 from hylo_bench.reports.compare import PAPER_COLUMNS
 from hylo_bench.reports.paper import load_paper_tables, match_paper_row, paper_frame
-from hylo_bench.reports import html as H
 from hylo_bench.reports.results import (
-    LOSS_COLUMNS, RESULT_COLUMNS, models_table, results_frame, ruler_means, task_tables,
+    LOSS_COLUMNS,
+    RESULT_COLUMNS,
+    models_table,
+    results_frame,
+    ruler_means,
+    task_tables,
 )
 
 logger = logging.getLogger(__name__)

@@ -83,14 +83,15 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
 
     Spec keys: ``model`` (see :func:`hylo_bench.serving.build.build_model`), ``backend`` ("native" | "hf"),
-    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional), ``device``, ``dtype``,
+    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional),
+    ``device``, ``dtype``,
     ``warmup`` (bool), ``seed``.
     """
     import torch
 
     from hylo_bench.config.device import default_device, default_dtype, parse_dtype
-    from hylo_bench.serving.build import build_model
     from hylo_bench.decode.engine import make_engine
+    from hylo_bench.serving.build import build_model
 
     device = spec.get("device") or default_device()
     dtype = parse_dtype(spec.get("dtype")) or default_dtype(device)

@@ -35,8 +35,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import hylo_bench
-from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
 from hylo_bench.config.device import parse_dtype
+from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
 from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha
 from hylo_bench.tasks.provenance import software_versions, tokenizer_hash
 from hylo_bench.tasks.workers import launched_world_size, run_workers
@@ -95,8 +95,8 @@ class HyLoLM(HFLM):
                  max_length: int | None = DEFAULT_MAX_LENGTH, max_gen_toks: int = 256,
                  add_bos_token: bool | None = None,
                  engine: str = "auto", **kwargs: Any) -> None:
-        from hylo_bench.models.loading import layout_name, load_model
         from hylo_bench.decode.greedy import ENGINES
+        from hylo_bench.models.loading import layout_name, load_model
 
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")

@@ -13,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.io_utils import check_output_path, check_utf8_file, read_text_utf8
 from hylo_bench.config.hybrid import read_hf_config
+from hylo_bench.io_utils import check_output_path, check_utf8_file, read_text_utf8
 
 DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|meta)(:\d+)?")
 AUTO_PREFIX = "auto:"  # as hylo_bench.upcycle.select.AUTO_PREFIX (that module imports torch)

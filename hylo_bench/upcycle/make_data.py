@@ -382,7 +382,8 @@ def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, hays
                     overlaps.append({"task": task, "length": length, "index": s["index"], "golds": s["outputs"],
                                      "rows": sorted(holders)[:5]})
                 gram_hits += len((_ngrams(s["input"]) - hay_grams) & row_grams)
-    return {"ruler_seed": cfg.ruler_seed, "tasks": list(cfg.ruler_tasks), "lengths": list(cfg.ruler_lengths or cfg.lengths),
+    return {"ruler_seed": cfg.ruler_seed, "tasks": list(cfg.ruler_tasks),
+            "lengths": list(cfg.ruler_lengths or cfg.lengths),
             "samples_per_task": cfg.ruler_samples, "ruler_samples_checked": checked,
             "placed_values": len(placed), "gold_overlaps": overlaps, "num_gold_overlaps": len(overlaps),
             "shared_13grams_outside_haystack": gram_hits, "skipped": skipped,
@@ -444,9 +445,9 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
     """
     import yaml
 
+    from hylo_bench.config.units import format_length
     from hylo_bench.io_utils import atomic_write_json, atomic_write_text
     from hylo_bench.models.loading import load_model
-    from hylo_bench.config.units import format_length
 
     out = Path(cfg.out)
     check_out_dir(out, cfg.overwrite)

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, weights_sha256
 from hylo_bench.config.hybrid import default_mla_layers, parse_layout
 from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, check_linear_type, validate_config
+from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, weights_sha256
 from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.stages import Stage, parse_stages
@@ -253,13 +253,13 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None, on_result: OnResult | None
     import torch
 
     from hylo_bench.config.device import check_device, default_device
+    from hylo_bench.config.student import hybrid_config_for
     from hylo_bench.upcycle.data import load_corpus
     from hylo_bench.upcycle.documents import load_documents
     from hylo_bench.upcycle.select import auto_layout, save_selection
     from hylo_bench.upcycle.train import distributed as dist_utils
     from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import TrainLog, peak_flops_for
-    from hylo_bench.config.student import hybrid_config_for
     from hylo_bench.upcycle.transfer import init_student
 
     out = Path(cfg.out)

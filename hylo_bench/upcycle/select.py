@@ -96,8 +96,8 @@ def linear_layer_for(base: nn.Module, linear_config, layer_idx: int, seed: int) 
     Returns:
         The mixer module (GDN or Mamba-2) on the base model's device and dtype.
     """
-    from hylo_bench.models.hybrid import HyLoDecoderLayer
     from hylo_bench.config.student import base_dims
+    from hylo_bench.models.hybrid import HyLoDecoderLayer
     from hylo_bench.upcycle.transfer import init_mixer_from_attention
 
     p = next(base.parameters())

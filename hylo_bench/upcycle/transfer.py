@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from hylo_bench.config.hylo_config import HyLoConfig
+from hylo_bench.config.student import base_dims
 from hylo_bench.models.hybrid import HyLoForCausalLM
 from hylo_bench.upcycle.init import gdn_init_from_attention, mamba2_init_from_attention, svd_init_mla
-from hylo_bench.config.student import base_dims
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hylo_bench.models.hybrid import HyLoForCausalLM
 from hylo_bench.decode.engine import Engine, TransformerEngine, make_engine
 from hylo_bench.decode.mla_layer import MLAServing
+from hylo_bench.models.hybrid import HyLoForCausalLM
 from tests.conftest import make_base, tiny_hybrid_config
 
 
@@ -367,8 +367,8 @@ def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
     """from_pretrained keeps a GDN / Mamba-2 mixer's A_log (its first parameter) float32 in a float64 model: the
     serving layer must take the model dtype from its projections (float64 recurrent state; "triton" pre-step
     refused as float64, not picked by "auto" on CUDA)."""
-    from hylo_bench.models.cache import map_state
     from hylo_bench.decode.linear_layer import LinearServing
+    from hylo_bench.models.cache import map_state
 
     for kind in ("gdn", "mamba"):
         HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).save_pretrained(tmp_path / kind)

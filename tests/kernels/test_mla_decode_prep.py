@@ -11,8 +11,8 @@ import torch
 
 
 def _check(device, dtype, tol, **cfg):
-    from hylo_bench.models.hybrid import HyLoForCausalLM
     from hylo_bench.decode.mla_layer import MLAServing
+    from hylo_bench.models.hybrid import HyLoForCausalLM
     from tests.conftest import tiny_hybrid_config
 
     torch.manual_seed(0)

@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 
-from hylo_bench.models.checkpoint import CheckpointMismatchError, save_hylo
-from hylo_bench.models.hybrid import load_hylo
-from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.config.hybrid import default_mla_layers, parse_layout
-from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.config.hylo_config import HyLoConfig
+from hylo_bench.models.checkpoint import CheckpointMismatchError, save_hylo
+from hylo_bench.models.hybrid import HyLoForCausalLM, load_hylo
 from hylo_bench.models.rope import rope_inv_freq_and_mscale, yarn_correction_range
 from tests.conftest import tiny_hybrid_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hylo_bench.config import units as U
-from hylo_bench.models import memory as M
 from hylo_bench.config.recipes import load_recipe, recipe_hybrid_config
+from hylo_bench.models import memory as M
 from tests.conftest import tiny_hybrid_config
 
 GIB = 2 ** 30

@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.info import rope_info
 from hylo_bench.kernels.ssd import ssd_scan_reference
 from hylo_bench.models.checkpoint import save_hylo
-from hylo_bench.models.hybrid import load_hylo
-from hylo_bench.config.hylo_config import HyLoConfig
-from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.models.hybrid import HyLoForCausalLM, load_hylo
 from hylo_bench.models.mamba2 import GatedRMSNormGroups
 from hylo_bench.models.rope import MLARotary
 from tests.conftest import tiny_hybrid_config

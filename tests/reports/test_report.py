@@ -199,7 +199,8 @@ def test_build_report_is_self_contained_and_carries_the_data(results_dir: Path, 
 
 
 def test_tables_have_mean_row_and_models(results_dir: Path, tmp_path: Path):
-    page = build_report(results_dir, tmp_path / "r.html", title="My report", files_only=True).read_text(encoding="utf-8")
+    page = build_report(results_dir, tmp_path / "r.html", title="My report",
+                        files_only=True).read_text(encoding="utf-8")
     assert "<title>My report</title>" in page
     for seq_len in (1024, 4096):
         assert f"({seq_len} tokens)" in page

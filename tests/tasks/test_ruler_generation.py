@@ -13,7 +13,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast
 
 from hylo_bench.tasks import ruler
-from hylo_bench.text import haystack
 from hylo_bench.tasks.ruler import (
     TASKS,
     generate_sample,
@@ -23,6 +22,7 @@ from hylo_bench.tasks.ruler import (
     sample_seed,
     sampling,
 )
+from hylo_bench.text import haystack
 
 LENGTHS = (1024, 4096, 8192, 16384)
 NUM_SAMPLES = 2

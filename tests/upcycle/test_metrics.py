@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from hylo_bench.upcycle.train import trainer as trainer_mod
-from hylo_bench.upcycle.train.metrics import TrainLog, train_flops_per_token
 from hylo_bench.config.upcycle import UpcycleConfig
 from hylo_bench.upcycle.run import run
+from hylo_bench.upcycle.train import trainer as trainer_mod
+from hylo_bench.upcycle.train.metrics import TrainLog, train_flops_per_token
 from hylo_bench.upcycle.train.trainer import cosine_lr
 
 KEYS = {"stage", "stage_index", "kind", "step", "tokens_seen", "loss", "kl", "lr", "grad_norm", "tokens_per_s", "mfu",

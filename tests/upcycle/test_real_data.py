@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from hylo_bench.config.mixture import parse_mixture
-from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, upcycle_config_from_recipe, validate_config
+from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 
 
 def test_every_released_recipe_carries_the_model_card_mixture():

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from hylo_bench.models.hybrid import load_hylo
-from hylo_bench.upcycle.train import trainer as trainer_mod
+from hylo_bench.config.student import hybrid_config_for
 from hylo_bench.config.upcycle import UpcycleConfig
+from hylo_bench.models.hybrid import load_hylo
 from hylo_bench.upcycle.run import run
 from hylo_bench.upcycle.stages import parse_stages
-from hylo_bench.config.student import hybrid_config_for
+from hylo_bench.upcycle.train import trainer as trainer_mod
 from hylo_bench.upcycle.transfer import init_student
 
 

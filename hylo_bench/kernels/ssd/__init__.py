@@ -2,16 +2,17 @@
 
 Back ends: "torch" (pure-torch chunked, any device, autograd) and "fla" (fla 0.6.0 ``chunk_simple_gla`` on
 CUDA, forward only, imported lazily). "auto" picks torch on CPU, for float64 and whenever gradients are
-needed; fla on CUDA when it is installed (kernel registry choice ``ssd``, ``$HYLO_BENCH_SSD_BACKEND``). State layout everywhere: [B, H, P, N] (mamba_ssm ``ssm_state``).
+needed; fla on CUDA when it is installed (kernel registry choice ``ssd``, ``$HYLO_BENCH_SSD_BACKEND``). State layout
+everywhere: [B, H, P, N] (mamba_ssm ``ssm_state``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from hylo_bench.kernels.registry import KernelChoice, register
 from hylo_bench.kernels.ssd.chunk import DEFAULT_CHUNK_SIZE, ssd_scan_chunked, ssd_step
 from hylo_bench.kernels.ssd.gpu import fla_available, fla_ssd_scan
-from hylo_bench.kernels.registry import KernelChoice, register
 from hylo_bench.kernels.ssd.reference import ssd_scan_reference
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ssd_scan", "ssd_scan_chunked", "ssd_scan_reference", "ssd_step"]

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def check_inputs(
     x: torch.Tensor,
     dt: torch.Tensor,

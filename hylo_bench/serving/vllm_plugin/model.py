@@ -134,7 +134,8 @@ class HyLoMLA(nn.Module):
         self.rotary_emb = get_rope(self.rope, max_position=c.max_position_embeddings, is_neox_style=False,
                                    rope_parameters=_mla_rope_parameters(c))
         self.mla_attn = MLAAttention(
-            num_heads=self.num_heads, scale=mla_softmax_scale(self.qk_dim, getattr(c, "hylo_mla_rope_scaling", None)), qk_nope_head_dim=self.nope,
+            num_heads=self.num_heads, scale=mla_softmax_scale(self.qk_dim, getattr(c, "hylo_mla_rope_scaling", None)),
+            qk_nope_head_dim=self.nope,
             qk_rope_head_dim=self.rope, v_head_dim=self.v_dim, q_lora_rank=self.q_rank,
             kv_lora_rank=self.kv_rank, kv_b_proj=self.kv_b_proj, cache_config=vllm_config.cache_config,
             quant_config=qc, prefix=f"{prefix}.attn")

@@ -11,9 +11,9 @@ Spec: docs/ruler.md §1-11; differences between flavors: docs/ruler.md §12. Pub
 """
 
 from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
+from hylo_bench.tasks.ruler.entry import run
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import FLAVORS, TASKS, RulerTask, get_task, list_tasks
-from hylo_bench.tasks.ruler.entry import run
 from hylo_bench.tasks.ruler.runner import BACKENDS, RulerConfig, evaluate_model, render_tables, select_tasks
 from hylo_bench.tasks.ruler.sampling import generate_sample, sample_seed
 from hylo_bench.tasks.ruler.scoring import (

@@ -23,16 +23,16 @@ from rich.table import Table
 from rich.text import Text
 
 import hylo_bench
+from hylo_bench.decode.greedy import ENGINES, Decoder, make_decoder, resolve_engine
 from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, check_utf8_file, fault_point
 from hylo_bench.tasks.provenance import param_dtype, software_versions
 from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
-from hylo_bench.decode.greedy import ENGINES, Decoder, make_decoder, resolve_engine
-from hylo_bench.text.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import check_flavor, check_lm_eval_tasks, get_task, list_tasks
 from hylo_bench.tasks.ruler.sampling import encode_prompt, fitted_size
 from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_averages
+from hylo_bench.text.haystack import read_haystack_text
 
 logger = logging.getLogger(__name__)
 MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
