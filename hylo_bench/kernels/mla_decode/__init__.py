@@ -9,12 +9,11 @@ Math: checkpoint-format.md §6 (absorbed query q_lat = W_UK^T q_nope, latent out
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 
 from hylo_bench.kernels.mla_decode.reference import check_decode_inputs, mla_decode_reference
-from hylo_bench.kernels.registry import KernelChoice, register
+from hylo_bench.kernels.registry import KernelChoice, register, triton_available
 
 __all__ = ["mla_decode", "mla_decode_reference", "select_mla_decode_backend"]
 
@@ -29,7 +28,7 @@ def select_mla_decode_backend(device: torch.device, dtype: torch.dtype) -> tuple
         return "torch", f"device {device.type}"
     if dtype == torch.float64:
         return "torch", "float64 inputs"
-    if importlib.util.find_spec("triton") is None:
+    if not triton_available():
         return "torch", "triton not installed"
     return "triton", "CUDA"
 

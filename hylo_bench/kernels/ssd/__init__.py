@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from hylo_bench.kernels.registry import KernelChoice, register
+from hylo_bench.kernels.registry import KernelChoice, fla_installed, register
 from hylo_bench.kernels.ssd.chunk import DEFAULT_CHUNK_SIZE, ssd_scan_chunked, ssd_step
-from hylo_bench.kernels.ssd.gpu import fla_available, fla_ssd_scan
+from hylo_bench.kernels.ssd.gpu import fla_ssd_scan
 from hylo_bench.kernels.ssd.reference import ssd_scan_reference
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ssd_scan", "ssd_scan_chunked", "ssd_scan_reference", "ssd_step"]
@@ -28,7 +28,7 @@ def select_ssd_backend(device: torch.device, needs_grad: bool, dtype: torch.dtyp
         return "torch", "float64 inputs"
     if needs_grad:
         return "torch", "gradients needed; fla chunk_simple_gla backward is blocked on Hopper (kernels.md 9.3)"
-    if not fla_available():
+    if not fla_installed():
         return "torch", "fla not installed"
     return "fla", "CUDA, forward only"
 
