@@ -15,7 +15,6 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from hylo_bench.io_utils import utc_now
 from hylo_bench.reports.ingest import Metric, RunRecord, detect_kind, parse_file, parse_object
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
         if current_version(conn) >= number:
             return
         MIGRATIONS[number](conn)
-        conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+        conn.execute(schema_version.insert().values(version=number, applied_utc=utc_now()))
 
     for number in range(version + 1, target + 1):
         write_transaction(engine, lambda conn, number=number: step(conn, number))
@@ -317,7 +317,7 @@ def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
             natural_key=rec.natural_key, kind=rec.kind, source=rec.source, model=rec.model, checkpoint=rec.checkpoint,
             model_hash=rec.model_hash, layout=rec.layout, git_sha=rec.git_sha,
             hylo_bench_version=rec.hylo_bench_version, device=rec.device,
-            config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=_now(),
+            config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=utc_now(),
             status=rec.status,
         )).inserted_primary_key[0]  # fmt: skip
     else:
@@ -570,5 +570,3 @@ def ruler_rows(engine: Engine, *, include_unfinished: bool = False) -> list[dict
     return out
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

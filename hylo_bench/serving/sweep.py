@@ -11,8 +11,6 @@ re-imports extend, never duplicate). This process never touches the GPU itself.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import importlib.metadata as md
 import json
 import logging
 import os
@@ -25,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha
+from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha, package_version, utc_now
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("native", "hf")
@@ -112,20 +110,15 @@ def resolve_baseline(model: str, baseline: str | None) -> str | None:
 
 
 def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in ("torch", "transformers", "triton", "flash-linear-attention", "fla-core", "vllm"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
+    return {pkg: package_version(pkg)
+            for pkg in ("torch", "transformers", "triton", "flash-linear-attention", "fla-core", "vllm")}
 
 
 def new_envelope(cfg: SweepConfig) -> dict[str, Any]:
     """The results JSON before any record: benchmark envelope + ``kind: sweep``, a sweep id and the config."""
     return {"benchmark": "sweep", "kind": "sweep", "sweep_id": uuid.uuid4().hex, "model": cfg.model,
             "baseline": cfg.baseline, "backend": cfg.backend, "git_sha": git_sha(), "device": None,
-            "versions": _versions(), "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": _versions(), "created_utc": utc_now(),
             "config": cfg.to_dict(), "records": []}
 
 

@@ -37,7 +37,7 @@ from lm_eval.models.huggingface import HFLM
 import hylo_bench
 from hylo_bench.config.device import parse_dtype
 from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
-from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha
+from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha, utc_now
 from hylo_bench.tasks.provenance import software_versions, tokenizer_hash
 from hylo_bench.tasks.workers import launched_world_size, run_workers
 
@@ -542,7 +542,7 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
         path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}-{k}.json", k + 1
     atomic_write_json(path, {
         "kind": "lm-eval-summary", "hylo_bench_version": hylo_bench.__version__, "git_sha": git_sha(),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.model_info,
+        "created_utc": utc_now(), "model": lm.model_info,
         "config": cfg.to_dict(),
         "provenance": {**software_versions(), "lm_eval_version": res.get("lm_eval_version"),
                        "tokenizer_hash": tokenizer_hash(lm.tokenizer), "device": str(lm.device),

@@ -4,26 +4,19 @@ tokenizer and text hashes."""
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import platform
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import hylo_bench
-from hylo_bench.io_utils import git_sha
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+from hylo_bench.io_utils import git_sha, package_version
 
 
 def software_versions() -> dict[str, str]:
     """torch, transformers, Python and hylo-bench versions and the git sha, as provenance records them."""
-    return {"torch_version": _version("torch"), "transformers_version": _version("transformers"),
+    return {"torch_version": package_version("torch") or "not installed",
+            "transformers_version": package_version("transformers") or "not installed",
             "python_version": platform.python_version(), "hylo_bench_version": hylo_bench.__version__,
             "git_sha": git_sha()}
 

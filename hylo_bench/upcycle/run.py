@@ -23,7 +23,6 @@ stage (same files as a single-process run), and ``OUT`` must be on a filesystem 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING
 from hylo_bench import __version__
 from hylo_bench.config.hybrid import default_mla_layers, parse_layout
 from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, check_linear_type, validate_config
-from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, weights_sha256
+from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, utc_now, weights_sha256
 from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.stages import Stage, parse_stages
@@ -57,10 +56,6 @@ def embeddings_note(base_config) -> dict:
     return {"base_tied": tied, "lm_head": "untied",
             "note": "lm_head initialised as a copy of the base's tied embedding, then trained untied" if tied
             else "lm_head copied from the base's lm_head"}
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
@@ -338,9 +333,9 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None, on_result: OnResult | None
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
     if manifest is None:
-        manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
-                    "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir),
-                    "device": device,
+        manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(),
+                    "created_utc": utc_now(), "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(),
+                    "base_dir": str(base_dir), "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(), "embeddings": embeddings_note(base.config),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     if selection is not None:
@@ -374,7 +369,7 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None, on_result: OnResult | None
     fault_point("upcycle:final_saved")
     manifest["final_checkpoint"] = str(out)
     manifest["model_hash"] = weights_sha256(out)  # the identity `ruler` / `eval` record for this checkpoint
-    manifest["finished_utc"] = _now()
+    manifest["finished_utc"] = utc_now()
     _write_json(manifest_path, manifest, ctx)
     if main and on_result is not None:
         on_result(manifest, manifest_path)
@@ -452,7 +447,7 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                 _write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"], ctx)
         fault_point("upcycle:stage_saved")
         entry["status"] = "done"
-        entry["finished_utc"] = _now()
+        entry["finished_utc"] = utc_now()
         _write_json(manifest_path, manifest, ctx)
         fault_point("upcycle:stage_done")
         if (ctx is None or ctx.is_main) and on_result is not None:

@@ -24,7 +24,14 @@ from rich.text import Text
 
 import hylo_bench
 from hylo_bench.decode.greedy import ENGINES, Decoder, make_decoder, resolve_engine
-from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, check_utf8_file, fault_point
+from hylo_bench.io_utils import (
+    OnResult,
+    atomic_write_json,
+    check_output_path,
+    check_utf8_file,
+    fault_point,
+    utc_now,
+)
 from hylo_bench.tasks.provenance import param_dtype, software_versions
 from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
@@ -395,7 +402,7 @@ def results_header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
         "planned": [{"task": t, "seq_len": n} for n in cfg.lengths for t in cfg.tasks],
         "hylo_bench_version": hylo_bench.__version__,
         "git_sha": prov["git_sha"],
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": utc_now(),
         "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
         "tokenizer_hash": prov["tokenizer_hash"],
         "seed": cfg.seed,
