@@ -100,7 +100,7 @@ def test_overwrite_writes_the_student_into_a_folder_holding_another_model(tiny_b
     shutil.copytree(demo_teacher_dir(), out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     args = ["upcycle", "--base", str(tiny_base_dir), "--out", str(out), "--stages", "64:ild@300", "--batch-size", "2",
-            "--eval-windows", "0", "--device", "cpu", "--no-tensorboard"]
+            "--eval-windows", "0", "--device", "cpu", "--no-tensorboard", "--allow-demo-data"]
     res = CliRunner().invoke(app, args)  # once exited 0 and replaced the teacher's config.json and weights
     assert res.exit_code == 2 and "holds files this run did not write" in " ".join(res.output.split())
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
