@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's time goes: the Qwen3-1.7B-shaped 7MLA21GDN hybrid (random weights) on one GPU.
 
 For each engine variant (CUDA graph of the ``torch.compile``'d step, with and without merged projections,
-``hylo_bench.serving.fused``) at each context: time per output token, the memory-bandwidth bound (bytes of weights
+``hylo_bench.decode.fused``) at each context: time per output token, the memory-bandwidth bound (bytes of weights
 + latent cache + states per token over the measured copy bandwidth) and its fraction, and a kernel breakdown from
 ``torch.profiler`` over graph replays (matmuls, MLA decode, GDN step, fused element-wise, other; kernels per step;
 the part of the step no kernel covers). Also: every distinct decode GEMV shape alone, as achieved bandwidth.
@@ -191,8 +191,9 @@ def main() -> None:
                          "(Engine(fused_gemvs=...)); +prestep: the one-kernel GDN conv + gates "
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
-                         "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without programmatic "
-                         "dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default auto: the one-kernel "
+                         "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without "
+                         "programmatic dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default "
+                         "auto: the one-kernel "
                          "token on CUDA). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
@@ -204,7 +205,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
     args = ap.parse_args()
 
-    from hylo_bench.serving.engine import Engine
+    from hylo_bench.decode.engine import Engine
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -224,7 +225,7 @@ def main() -> None:
         variant_base, *extras = variant.split("+")
         how, _, flavour = variant_base.partition("-")
         merged, compiled = how == "merged", flavour != "eager"
-        from hylo_bench.serving.engine import DEFAULT_FUSED_GEMVS
+        from hylo_bench.decode.engine import DEFAULT_FUSED_GEMVS
 
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
         gdn = "auto"

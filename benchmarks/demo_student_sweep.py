@@ -2,7 +2,7 @@
 stages and learning rates, then score the student on RULER at 1K (20 seed-42 samples of niah_single_1,
 niah_single_2, niah_multikey_1, greedy, 6 new tokens).
 
-This sweep chose the demo defaults in ``hylo_bench/upcycle/run.py`` (``DEMO_STAGES``, ``DEMO_ILD_LR``,
+This sweep chose the demo defaults in ``hylo_bench/config/upcycle.py`` (``DEMO_STAGES``, ``DEMO_ILD_LR``,
 ``DEMO_KD_LR``); ``benchmarks/results/demo_student_sweep.json`` holds the 13 points measured on one H200 (several
 points ran as parallel processes on the GPU, so ``upcycle_s`` is not a speed measurement).
 
@@ -20,9 +20,10 @@ import time
 
 import torch
 
+from hylo_bench.config.upcycle import UpcycleConfig
 from hylo_bench.models.loading import load_model
 from hylo_bench.tasks.ruler import generate_sample, score_prediction
-from hylo_bench.upcycle.run import UpcycleConfig, run
+from hylo_bench.upcycle.run import run
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1")
 SAMPLES = 20

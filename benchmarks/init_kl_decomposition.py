@@ -27,8 +27,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope, write_result  # noqa: E402
 
+from hylo_bench.config.student import hybrid_config_for  # noqa: E402
 from hylo_bench.models.hybrid import HyLoForCausalLM  # noqa: E402
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student  # noqa: E402
+from hylo_bench.upcycle.transfer import init_student  # noqa: E402
 
 
 class MixerAsAttention(torch.nn.Module):
@@ -80,8 +81,9 @@ class AblatedAttention(torch.nn.Module):
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.loading import demo_teacher_dir
-    from hylo_bench.upcycle.data import build_windows, shipped_text, split_documents, text_windows
+    from hylo_bench.models.checkpoint import demo_teacher_dir
+    from hylo_bench.upcycle.data import build_windows, text_windows
+    from hylo_bench.upcycle.documents import shipped_text, split_documents
     from hylo_bench.upcycle.train.losses import eval_kl
 
     d = demo_teacher_dir()

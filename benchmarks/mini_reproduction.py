@@ -139,7 +139,7 @@ def steady_tokens_per_s(train_log: Path) -> float:
 
 
 def parse_len(text: str) -> int:
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     return parse_length(text)
 
@@ -150,7 +150,7 @@ def hb(*args: str) -> list[str]:
 
 def tiny_teacher(work: Path) -> Path:
     """The demo teacher with a ChatML template over its own special tokens (make-data writes conversations)."""
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
 
     d = work / "tiny-teacher"
     if not (d / "config.json").is_file():
@@ -165,7 +165,7 @@ def tiny_recipes(work: Path, teacher: Path) -> dict[str, Path]:
     """The three run recipes rewritten for the tiny teacher: its architecture, default dims, small stages."""
     from transformers import AutoConfig
 
-    from hylo_bench.upcycle.student_config import default_mixer_dims
+    from hylo_bench.config.student import default_mixer_dims
 
     c = AutoConfig.from_pretrained(teacher)
     dims = default_mixer_dims(c)

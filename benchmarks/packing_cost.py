@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope, write_result
 
+from hylo_bench.config.recipes import load_recipe, recipe_hybrid_config
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.upcycle.recipes import load_recipe, recipe_hybrid_config
 
 
 def _step(model, ids, cu, reps: int) -> float:

@@ -42,7 +42,7 @@ EVAL_TASKS = "arc_easy,arc_challenge,hellaswag,openbookqa,piqa,race,winogrande,g
 
 def save_checkpoint(spec: str, out: Path, device: str) -> dict:
     """Random-weight build of ``spec`` (recipe or ``backbone:<recipe>``) saved to ``out`` with the demo tokenizer."""
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.serving.build import build_model
 
     t0 = time.perf_counter()

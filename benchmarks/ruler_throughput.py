@@ -52,8 +52,8 @@ def build_transformer():
 
 
 def build_hybrid():
+    from hylo_bench.config import recipes as R
     from hylo_bench.models.hybrid import HyLoForCausalLM
-    from hylo_bench.upcycle import recipes as R
 
     cfg = R.recipe_hybrid_config(R.load_recipe(RECIPE))
     with torch.device("cuda"):
@@ -65,12 +65,12 @@ def build_hybrid():
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.config.units import parse_length
+    from hylo_bench.decode.greedy import resolve_engine
+    from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
     from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
-    from hylo_bench.tasks.ruler.decoding import resolve_engine
-    from hylo_bench.tasks.ruler.haystack import default_haystack_text
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.text.haystack import default_haystack_text
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="8k,32k,64k,128k")

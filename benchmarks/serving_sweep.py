@@ -1,5 +1,5 @@
 """Serving sweep on one H200: Qwen3-1.7B-shaped HyLo 7MLA21GDN vs the Qwen3-1.7B-shaped transformer (random bf16
-weights, real shapes), native engine (:mod:`hylo_bench.serving.engine`), batch 1, prefill + 128 decoded tokens at
+weights, real shapes), native engine (:mod:`hylo_bench.decode.engine`), batch 1, prefill + 128 decoded tokens at
 8K, 64K, 256K, 1M and 2M tokens; plus the batch-1 decode at 64K as a fraction of the memory-bandwidth bound, and
 the ``hylo-bench kv`` memory model next to the measured peak memory. Writes ``benchmarks/results/serving_sweep.json``
 (benchmark format) after every point and stops cleanly inside ``--budget-s``.
@@ -113,7 +113,7 @@ def build(kind: str, device: str, dtype: torch.dtype, smoke: bool):
         return build_model(RECIPE if kind == "hybrid" else f"backbone:{RECIPE}", device, dtype)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     if kind == "hybrid":
@@ -153,9 +153,9 @@ def decode_bytes_per_token(model, engine, T: int, B: int) -> int:
 def parity_checks(run: Run, model, device: str) -> None:
     """Kernel and engine checks on the GPU (recorded): Triton vs torch MLA decode, fla vs torch GDN decode step,
     engine prefill logits vs the model's forward, CUDA-graph tokens vs eager tokens."""
+    from hylo_bench.decode.engine import Engine
+    from hylo_bench.decode.linear_layer import LinearServing
     from hylo_bench.kernels.mla_decode import mla_decode
-    from hylo_bench.serving.engine import Engine
-    from hylo_bench.serving.linear_layer import LinearServing
 
     def rel(a, b):
         return ((a.float() - b.float()).norm() / b.float().norm()).item()
@@ -203,7 +203,7 @@ def parity_checks(run: Run, model, device: str) -> None:
 def point(run: Run, model, info: dict, T: int, *, steps: int, chunk: int, graphs: bool, reserve_s: float,
           device: str, variant: str = "", compile_step: bool = False) -> dict:
     """One context: allocate, estimate TTFT from two chunks, full run when it fits the budget, else estimated."""
-    from hylo_bench.serving.engine import make_engine
+    from hylo_bench.decode.engine import make_engine
     from hylo_bench.serving.sweep_worker import memory_model_gib
 
     chunk = min(chunk, T)
@@ -328,7 +328,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="Tiny models on CPU: checks the script's logic.")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serving_sweep.json")
     args = ap.parse_args()
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16

@@ -71,8 +71,8 @@ def build_models(tiny: bool, device: str):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from hylo_bench.config.student import hybrid_config_for
     from hylo_bench.models.hybrid import HyLoForCausalLM
-    from hylo_bench.upcycle.student_config import hybrid_config_for
 
     base, shapes, mla = (TINY_QWEN3, TINY_SHAPES, TINY_MLA_LAYERS) if tiny else (QWEN3, SHAPES, MLA_LAYERS)
     torch.manual_seed(0)

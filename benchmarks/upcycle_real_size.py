@@ -66,7 +66,7 @@ def param_counts(manifest: dict) -> tuple[int, int, int]:
     """Parameter counts of the student (from the manifest's hybrid config), the 1.7B base and the 8B teacher."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     with torch.device("meta"):
@@ -84,7 +84,7 @@ def make_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from hylo_bench.upcycle.data import shipped_text
+    from hylo_bench.upcycle.documents import shipped_text
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -110,7 +110,7 @@ def main() -> None:
         build_checkpoint(name, args.work / name, tok)
     build_s = time.time() - t0
     data = args.work / "data.txt"
-    from hylo_bench.upcycle.data import shipped_text
+    from hylo_bench.upcycle.documents import shipped_text
 
     data.write_text(shipped_text())
     stages = f"2k:ild@{args.steps * 2048},8k@{args.steps * 8192}"

@@ -29,7 +29,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 def _fail(e: Exception) -> None:
     from rich.markup import escape
 
-    # escaped: messages quote extras like hylo-bench[vllm]; not wrapped, so paths in them stay whole
+    # escaped: messages quote extras like hylo-bench[gpu]; not wrapped, so paths in them stay whole
     console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
@@ -41,6 +41,25 @@ def _json_only(as_json: bool):
     import sys
 
     return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
+def _store(db: Optional[str], results_dir, check: bool = False):
+    """The ``on_result`` callback a command's ``run`` gets: the results store's ``record`` (``--db``, else
+    ``$HYLO_BENCH_DB``, else RESULTS_DIR/hylo_bench.sqlite). ``check``: validate ``--results-dir`` / ``--db`` as
+    output paths first. Without the store's packages (a model-only image) the files alone are written."""
+    from hylo_bench.io_utils import check_output_path
+
+    if check:
+        check_output_path(results_dir, "--results-dir", is_dir=True)
+        if db is not None and "://" not in str(db):
+            check_output_path(db, "--db", is_dir=False)
+    try:
+        from hylo_bench.reports import store
+    except ImportError as exc:
+        logging.getLogger(__name__).warning("results not added to the results store (%s); `hylo-bench import` adds "
+                                            "the result files later", exc)
+        return None
+    return store.recorder(db, results_dir)
 
 
 def _int_list(text: Optional[str]) -> Optional[list[int]]:
@@ -89,7 +108,7 @@ def upcycle(
     mla_layers: Optional[str] = typer.Option(None, "--mla-layers", help="Explicit MLA layer indices, e.g. 1,5,9."),
     data: Optional[str] = typer.Option(None, "--data", help="'demo' (default for the demo base), a .txt/.jsonl/"
                                        ".parquet file or directory (text or conversations), or a mixture .yaml "
-                                       "(weighted sources; see hylo_bench/upcycle/mixture.py); default with "
+                                       "(weighted sources; see hylo_bench/config/mixture.py); default with "
                                        "--recipe: the recipe's data."),
     decontam: Optional[list[str]] = typer.Option(None, "--decontam", help="Drop --data documents sharing a word "
                                                  "13-gram with these eval sets: DIR/<task>/<split>.jsonl (as for "
@@ -98,8 +117,8 @@ def upcycle(
     stages: Optional[str] = typer.Option(None, "--stages", help="LEN[:ild|kd][@TOKENS],... e.g. 2k:ild@20M,8k@100M."),
     doc_boundaries: Optional[str] = typer.Option(None, "--doc-boundaries", help="Packed documents keep their "
                                                  "boundaries (no attention or recurrent state across documents) in "
-                                                 "'kd' stages (default; 'off' with --data demo, one book), 'all' stages, or "
-                                                 "'off'."),
+                                                 "'kd' stages (default; 'off' with --data demo, one book), 'all' "
+                                                 "stages, or 'off'."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
                                                    help="Budget for stages without @TOKENS (default 1M)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
@@ -146,7 +165,7 @@ def upcycle(
                                             "shared ILD run's OUT) instead of initialising; its layout is kept."),
 ) -> None:
     """Upcycle a Transformer into a HyLo hybrid: init, Enhanced-ILD, staged KL distillation."""
-    from hylo_bench.upcycle.recipes import resolve_upcycle_cli
+    from hylo_bench.config.upcycle import resolve_upcycle_cli
     from hylo_bench.upcycle.run import run
 
     try:
@@ -157,10 +176,10 @@ def upcycle(
             kd_lr=kd_lr, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank, device=device, seed=seed,
             save_stage_checkpoints=stage_checkpoints, gradient_checkpointing=gradient_checkpointing, compile=compile_,
             eval_windows=eval_windows, save_every=save_every, select_windows=select_windows, peak_tflops=peak_tflops,
-            tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries,
-            results_dir=str(results_dir) if results_dir else None, db=db, kl_tokens=kl_tokens,
+            tensorboard=tensorboard, decontam=decontam or None, doc_boundaries=doc_boundaries, kl_tokens=kl_tokens,
             allow_demo_data=allow_demo_data or None, init=init, init_from=init_from, overwrite=overwrite or None))
-        manifest = run(cfg)
+        on_result = _store(db, results_dir or "hylo-results", check=True)
+        manifest = run(cfg, on_result=on_result)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         _fail(e)
     kl0, kl1 = manifest["kl_init"], manifest["stages"][-1].get("kl_after")
@@ -214,8 +233,10 @@ def make_data(
     """Write a chat-format training mixture from local text and a teacher: instruction rows answered by the
     teacher and long-document rows (multi-needle, multi-hop, QA over the text) at each stage length, with a
     decontamination report against RULER's prompts."""
-    from hylo_bench.upcycle.make_data import MakeDataConfig, make_data as run_make_data
-    from hylo_bench.upcycle.stages import parse_length
+    from hylo_bench.config.units import parse_length
+    from hylo_bench.tasks.ruler.cache import decontamination_samples
+    from hylo_bench.upcycle.make_data import MakeDataConfig
+    from hylo_bench.upcycle.make_data import make_data as run_make_data
 
     try:
         cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
@@ -227,7 +248,7 @@ def make_data(
                              ruler_results_dir=str(ruler_results_dir) if ruler_results_dir else None,
                              overwrite=overwrite)
         with _progress_bars() as bar:
-            manifest = run_make_data(cfg, progress=bar)
+            manifest = run_make_data(cfg, progress=bar, ruler_samples=decontamination_samples)
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     d = manifest["decontamination"]
@@ -239,8 +260,14 @@ class _progress_bars:
     """``progress(description, total) -> advance(n)`` on one rich Progress (items/s and ETA)."""
 
     def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
-            TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
         from rich.text import Text
 
         class Rate(ProgressColumn):
@@ -291,9 +318,8 @@ def kv(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Memory model: KV bytes/token, state bytes/sequence, weights, largest context per GPU, vLLM pages."""
+    from hylo_bench.config.units import parse_bytes, parse_length
     from hylo_bench.info import kv_report, render_kv
-    from hylo_bench.serving.memory import parse_bytes
-    from hylo_bench.upcycle.stages import parse_length
 
     try:
         result = kv_report(target, gpu_mem_bytes=parse_bytes(gpu_mem) if gpu_mem else None, gpu_util=gpu_util,
@@ -350,8 +376,8 @@ def ruler(
                                "for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
+    from hylo_bench.config.units import parse_length
     from hylo_bench.tasks import ruler as R
-    from hylo_bench.upcycle.stages import parse_length
 
     if list_tasks:
         typer.echo("\n".join(R.list_tasks()))
@@ -365,17 +391,16 @@ def ruler(
             raise ValueError(f"--lengths: {e}") from None
         if backend not in R.BACKENDS:
             raise ValueError(f"--backend: expected one of {', '.join(R.BACKENDS)}, got {backend!r}")
-        lm_eval = backend == "lm-eval"
         cfg = R.RulerConfig(model=model, lengths=length_list, tasks=R.select_tasks(tasks, squad, hotpotqa),
-                            samples=samples, seed=seed if seed is not None else (0 if lm_eval else 42),
+                            samples=samples, seed=seed,
                             results_dir=str(results_dir),
                             haystack_path=str(haystack) if haystack else None, batch_size=batch_size,
                             chat_template=chat_template, device=device, strip_think=strip_think,
-                            flavor=flavor or ("lm-eval" if lm_eval else "nvidia"), squad_path=squad,
+                            flavor=flavor, squad_path=squad,
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
                             beyond_context=beyond_context)
         with _json_only(as_json):
-            result = R.run(cfg, console=console)
+            result = R.run(cfg, console=console, on_result=_store(None, results_dir))
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0
@@ -445,7 +470,8 @@ def compare(
     paper: Optional[Path] = typer.Option(None, "--paper", help="hylo_paper_tables.json (default: the shipped copy)."),
 ) -> None:
     """Per-metric deltas CAND - BASE with 95 % CIs; exit 1 if any metric regresses beyond the threshold and CI."""
-    from hylo_bench.reports import compare as C, store
+    from hylo_bench.reports import compare as C
+    from hylo_bench.reports import store
 
     try:
         stored = not all(side.startswith("paper:") for side in (base, cand))
@@ -493,7 +519,7 @@ def eval_(
                            batch_size=int(batch_size) if batch_size.isdigit() else batch_size, max_length=max_length,
                            data_dir=data_dir, device=device, dtype=dtype, engine=engine, devices=devices)
         with _json_only(as_json):
-            result = E.run(cfg)
+            result = E.run(cfg, on_result=_store(None, output_dir))
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     if result is None:  # a torchrun rank other than 0: rank 0 prints and saves
@@ -525,7 +551,8 @@ def generate(
     import sys
     import time
 
-    from hylo_bench.generate import GenerateConfig, run as run_generate
+    from hylo_bench.generate import GenerateConfig
+    from hylo_bench.generate import run as run_generate
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
@@ -567,8 +594,8 @@ def sweep(
                                 "real shapes, built on the device in bf16)."),
     contexts: str = typer.Option(..., "--contexts", help="Prompt lengths, e.g. 8k,64k,256k,1m."),
     batch: str = typer.Option("1", "--batch", help="Batch sizes, e.g. 1,8."),
-    backend: str = typer.Option("native", "--backend", help="native (hylo-bench engine), hf (eager transformers "
-                                "loop) or vllm."),
+    backend: str = typer.Option("native", "--backend", help="native (hylo-bench engine) or hf (eager "
+                                "transformers loop)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also sweep this model: 'backbone' (the "
                                            "recipe's backbone, random weights) or a checkpoint / hub id."),
     decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),
@@ -589,12 +616,12 @@ def sweep(
     no_store: bool = typer.Option(False, "--no-store", help="Write only the JSON, not the results store."),
 ) -> None:
     """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
+    from hylo_bench.config.units import parse_length
     from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
-    from hylo_bench.upcycle.stages import parse_length
 
     try:
         if device is not None:
-            from hylo_bench.models.loading import check_device
+            from hylo_bench.config.device import check_device
 
             check_device(device)  # before any worker process loads a model
         cfg = SweepConfig(
@@ -603,8 +630,8 @@ def sweep(
             decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
             compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
             find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
-            dtype=dtype, out=out, db=db, store=not no_store)
-        run_with_progress(cfg, console, run)
+            dtype=dtype, out=out)
+        run_with_progress(cfg, console, run, on_result=None if no_store else _store(db, "hylo-results"))
     except ValueError as e:
         _fail(e)
     console.print(f"[green]results: {out}[/]")

@@ -2,7 +2,7 @@
 
 Greedy decoding when ``temperature == 0`` (the default), otherwise sampling with temperature / top-p / top-k
 through ``model.generate``. The text is streamed while tokens arrive (``transformers.TextStreamer``), optionally
-with ``<think>`` spans removed on the fly (:class:`hylo_bench.tasks.text.ThinkStripper`).
+with ``<think>`` spans removed on the fly (:class:`hylo_bench.text.think.ThinkStripper`).
 """
 
 from __future__ import annotations
@@ -16,27 +16,10 @@ from typing import Any
 import torch
 from transformers import TextStreamer
 
-from hylo_bench.tasks.text import THINK_CLOSE, THINK_OPEN, ThinkStripper, strip_think
+from hylo_bench.config.device import parse_dtype
+from hylo_bench.text.think import THINK_CLOSE, THINK_OPEN, ThinkStripper, strip_think
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(name: str | None) -> torch.dtype | None:
-    """``"bf16"`` / ``"bfloat16"`` / ``"fp16"`` / ``"float16"`` / ``"fp32"`` / ``"float32"`` -> torch dtype; None -> None.
-
-    Raises:
-        ValueError: any other name.
-    """
-    if name is None:
-        return None
-    try:
-        return DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}") from None
-
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class GenerateConfig:
@@ -53,7 +36,8 @@ class GenerateConfig:
         seed: torch seed set before generating (sampling reproducibility).
         strip_think: remove ``<think>...</think>`` spans from the output (streamed and returned).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
-        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see :func:`parse_dtype`.
+        dtype: parameter dtype name (default: bf16 on GPU, fp32 on CPU); see
+            :func:`hylo_bench.config.device.parse_dtype`.
     """
 
     model: str

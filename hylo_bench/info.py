@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.serving import memory as M
+from hylo_bench.config import units as U
+from hylo_bench.models import memory as M
+from hylo_bench.models.params import parameter_counts
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ class Target:
 
     name: str
     kind: str
-    config: Any  # HybridSpec (plain Python, hylo_bench.models.spec)
+    config: Any  # HybridSpec (plain Python, hylo_bench.config.hybrid)
     path: str
     trained_context_tokens: int | None
     stored_dtype: str | None
@@ -38,8 +40,8 @@ def resolve_target(spec: str) -> Target:
         FileNotFoundError: a directory without ``hybrid_config.json``.
         ValueError: neither a directory nor a known recipe (close recipe names listed); bad config values.
     """
-    from hylo_bench.models.spec import HYBRID_CONFIG_NAME, HybridSpec
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
+    from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME, HybridSpec
 
     p = Path(spec).expanduser()
     if p.is_dir():
@@ -75,89 +77,12 @@ def _checkpoint_context(d: Path) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def _tables_cover(cfg) -> bool:
-    """True when the checkpoint-format.md shape tables describe every tensor of this config's model (the
-    released layouts: LoRA q path, no LoRA norms, no biases)."""
-    return (cfg.q_lora_rank is not None and not cfg.use_lora_layer_norm and not cfg.attention_bias
-            and not getattr(cfg, "mlp_bias", False))
-
-
-def parameter_counts(cfg, *, meta_model: bool = False) -> dict[str, Any]:
-    """Parameter counts of the hybrid: total, per component, per mixer type, per layer, per mixer tensor.
-
-    Computed from the shape tables of checkpoint-format.md §4 when they cover the config (no torch model, no
-    transformers modeling import: ``info`` stays fast; tests/test_info.py checks they equal the meta-device
-    model for every recipe), else (or with ``meta_model``) from ``HyLoForCausalLM`` built on the meta device
-    (no memory, no init compute). ``source`` says which. ``fp32_params``: GDN ``A_log`` / ``dt_bias``.
-    """
-    if meta_model or not _tables_cover(cfg):
-        import torch
-
-        from hylo_bench.models.hybrid import HyLoForCausalLM
-
-        hcfg = cfg.to_hylo_config() if hasattr(cfg, "to_hylo_config") else cfg
-        with torch.device("meta"):
-            model = HyLoForCausalLM(hcfg)
-        named, source = {k: v.numel() for k, v in model.named_parameters()}, "meta-device model"
-    else:
-        named, source = _analytic_named(cfg), "shape tables (checkpoint-format.md §4)"
-    fp32 = sum(n for k, n in named.items() if k.endswith(("A_log", "dt_bias")) and cfg.linear_type == "gdn")
-    return _aggregate(cfg, named, source) | {"fp32_params": fp32}
-
-
-def _analytic_named(cfg) -> dict[str, int]:
-    """Parameter name -> element count from the shape tables (``M.analytic_mixer_params`` for the mixers)."""
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    named = {"model.embed_tokens.weight": cfg.vocab_size * H, "model.norm.weight": H,
-             "lm_head.weight": cfg.vocab_size * H}
-    for i, kind in enumerate(cfg.mixer_types):
-        pre = f"model.layers.{i}."
-        named.update({pre + k: n for k, n in M.analytic_mixer_params(cfg, kind).items()})
-        named.update({pre + "mlp.gate_proj.weight": I * H, pre + "mlp.up_proj.weight": I * H,
-                      pre + "mlp.down_proj.weight": H * I, pre + "input_layernorm.weight": H,
-                      pre + "post_attention_layernorm.weight": H})
-    return named
-
-
-def _aggregate(cfg, named: dict[str, int], source: str) -> dict[str, Any]:
-    comp = {"embed_tokens": 0, "lm_head": 0, "final_norm": 0, "mlp": 0, "layer_norms": 0}
-    mixers: dict[str, int] = {}
-    per_layer = [{"mixer_params": 0, "params": 0} for _ in range(cfg.n_layer)]
-    per_tensor: dict[str, dict[str, int]] = {}
-    for key, n in named.items():
-        parts = key.split(".")
-        if key.startswith("model.embed_tokens."):
-            comp["embed_tokens"] += n
-        elif key.startswith("lm_head."):
-            comp["lm_head"] += n
-        elif key.startswith("model.norm."):
-            comp["final_norm"] += n
-        elif parts[:2] == ["model", "layers"]:
-            i, attr = int(parts[2]), parts[3]
-            per_layer[i]["params"] += n
-            if attr == "mlp":
-                comp["mlp"] += n
-            elif attr.endswith("layernorm"):
-                comp["layer_norms"] += n
-            else:
-                kind = cfg.mixer_types[i]
-                mixers[kind] = mixers.get(kind, 0) + n
-                per_layer[i]["mixer_params"] += n
-                if i == cfg.mixer_types.index(kind):  # one layer of each type is enough
-                    per_tensor.setdefault(kind, {})[".".join(parts[3:])] = n
-        else:
-            comp.setdefault("other", 0)
-            comp["other"] += n
-    return {"total": sum(named.values()), "by_component": comp | {f"mixer_{k}": v for k, v in mixers.items()},
-            "by_mixer_type": mixers, "per_layer": per_layer, "per_mixer_tensor": per_tensor, "source": source}
-
-
 def rope_info(cfg) -> dict[str, Any]:
     """MLA RoPE settings: base, scaling dict, the cos/sin multiplier the model applies (``yarn_mscale``:
-    :func:`hylo_bench.models.spec.yarn_attention_factor`, 0.1 ln F + 1 for the released configs;
+    :func:`hylo_bench.config.hybrid.yarn_attention_factor`, 0.1 ln F + 1 for the released configs;
     checkpoint-format.md §5.3), the softmax-scale multiplier (``softmax_mscale2``: yarn_mscale(F,
     mscale_all_dim)^2, 1 unless ``mscale_all_dim`` is set) and the context YaRN targets (F x L0 tokens)."""
-    from hylo_bench.models.spec import mla_softmax_mscale2, yarn_attention_factor
+    from hylo_bench.config.hybrid import mla_softmax_mscale2, yarn_attention_factor
 
     rs = cfg.mla_rope_scaling or None
     factor = float(rs.get("factor", 1.0)) if rs else 1.0
@@ -232,8 +157,8 @@ def describe(spec: str) -> dict[str, Any]:
 
 def _is_transformer_target(spec: str) -> bool:
     """``demo``, a ``.gguf`` file, a fetched known model, or a checkpoint folder without ``hybrid_config.json``."""
+    from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
     from hylo_bench.models import gguf
-    from hylo_bench.models.spec import HYBRID_CONFIG_NAME
 
     p = Path(spec).expanduser()
     if spec == "demo" or gguf.is_gguf_path(spec) and not p.is_dir() or (spec in gguf.KNOWN_MODELS and not p.exists()):
@@ -276,7 +201,7 @@ def describe_transformer(spec: str) -> dict[str, Any]:
 
 
 def kv_report(spec: str, **kw) -> dict[str, Any]:
-    """The ``hylo-bench kv --json`` object: :func:`hylo_bench.serving.memory.estimate` for the target, with
+    """The ``hylo-bench kv --json`` object: :func:`hylo_bench.models.memory.estimate` for the target, with
     ``max_model_len`` defaulting to its trained context. Keyword arguments go to ``estimate``."""
     t = resolve_target(spec)
     counts = parameter_counts(t.config)
@@ -310,7 +235,7 @@ def render_info(d: dict[str, Any]) -> list:
             ("parameters", f"{d['params']:,}  ({d['params_detail']['source']})"),
             ("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B bf16 = {d['kv_cache_pct_of_base']:.2f}% of "
                                  f"the backbone's {d['backbone_kv_cache_bytes_per_token']:,} B"),
-            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({M.format_bytes(d['state_bytes_per_sequence'])}"
+            ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({U.format_bytes(d['state_bytes_per_sequence'])}"
                                  f"; recurrent fp32, conv bf16)"),
             ("trained context", f"{ctx:,} tokens" if ctx else "unknown"),
             ("MLA RoPE", f"theta {rope['rope_theta']:g}; {yarn}"),
@@ -360,7 +285,7 @@ def render_kv(d: dict[str, Any]) -> list:
     from rich.table import Table
 
     t = Table(title=f"memory model: {d['name']} ({d['layout']})", show_header=False)
-    fb = M.format_bytes
+    fb = U.format_bytes
     rows = [("KV cache / token", f"{d['kv_cache_bytes_per_token']:,} B (backbone "
                                  f"{d['backbone']['kv_cache_bytes_per_token']:,} B; {d['kv_cache_pct_of_base']:.2f}%)"),
             ("state / sequence", f"{d['state_bytes_per_sequence']:,} B ({fb(d['state_bytes_per_sequence'])})"),

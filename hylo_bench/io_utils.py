@@ -1,17 +1,26 @@
-"""Small I/O helpers shared by every subpackage: atomic writes, hashing, git sha, JSON results, output-path and
-text-file checks, and the fault-injection hook of the crash tests."""
+"""Small I/O helpers shared by every subpackage: atomic writes, hashing, git sha, package versions, UTC time stamps,
+JSON results, output-path and text-file checks, the results callback type, and the fault-injection hook of the crash
+tests."""
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import importlib.metadata
 import json
 import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+OnResult = Callable[[dict, Path], Any]
+"""``on_result(obj, path)``: how results leave a wing. A command calls it with each results object right after
+writing it to ``path`` (a growing file is passed again after every rewrite); the CLI passes the results store's
+``reports.store.recorder(...)``, a library caller whatever it wants (None: the files alone)."""
 
 FAULT_ENV = "HYLO_BENCH_FAULT"
 _fault_hits: dict[str, int] = {}
@@ -208,3 +217,16 @@ def git_sha(cwd: str | Path | None = None) -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def utc_now(timespec: str = "seconds") -> str:
+    """The current UTC time in ISO 8601 at ``timespec`` precision (``2026-12-01T20:10:53+00:00`` for seconds)."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of the distribution ``name`` (``importlib.metadata``); None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -8,7 +8,8 @@ learns from is produced here, from the package's own text and generator:
   dictionary (so "special magic", needle words and the noise haystack become compact). Numbers are then split
   into runs of up to 3 digits, left to right, as the Llama 3 tokenizer does (``--digit-group 3``: 1,100 number
   tokens appended, 3,148 in all): a 7-digit value is 3 tokens, and copying it needs no digit counting.
-* Training rows (:mod:`hylo_bench.upcycle.needles`): RULER's NIAH wording and haystacks (the noise line, the shipped essay),
+* Training rows (:mod:`hylo_bench.upcycle.needles`): RULER's NIAH wording and haystacks (the noise line, the
+  shipped essay),
   1-8 needles with distinct keys per row and several questions in a row, each followed by its answer, so every
   row carries several retrieval targets (a plain RULER sample carries one, and a first build trained on those
   alone never learned retrieval). Row lengths follow a curriculum: at most ``--start-len`` tokens at step 0,
@@ -465,7 +466,8 @@ def eval_samples(tasks: tuple[str, ...], args: argparse.Namespace, tok_dir: Path
 def render_card(meta: dict) -> str:
     """The model card (README.md): what the weights are, how they were made, what they score."""
     rows = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval"].items())
-    local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |" for t, r in meta["eval_local"].items()) or "| (not run) | | |"
+    local = "\n".join(f"| {t} | {r['score']:.1f} | {r['n']} |"
+                      for t, r in meta["eval_local"].items()) or "| (not run) | | |"
     main = [meta["eval"][t]["score"] for t in EVAL_TASKS if t in meta["eval"]]
     ok = meta["eval"].get("niah_single_1", {"score": 0})["score"] >= 90
     status = (f"**Status:** niah_single_1 {meta['eval']['niah_single_1']['score']:.0f} at 1K (the bar is 90); mean of "
@@ -612,7 +614,8 @@ def save(model, tokenizer, out: Path, meta: dict | None) -> None:
 
 def to_example(tokenizer, task: str, prompt: str, outputs: list[str]) -> Example:
     answer = tokenizer(format_answer(task, outputs), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-    return Example(prompt_ids=np.asarray(tokenizer(prompt).input_ids, np.int64), answer_ids=np.asarray(answer, np.int64))
+    return Example(prompt_ids=np.asarray(tokenizer(prompt).input_ids, np.int64),
+                   answer_ids=np.asarray(answer, np.int64))
 
 
 def evaluate_both(model, tokenizer, evals: list[dict], args: argparse.Namespace) -> tuple[dict, dict]:
@@ -642,8 +645,9 @@ def prepare(haystack: str, args: argparse.Namespace):
     """
     import tempfile
 
-    from hylo_bench.upcycle.needles import group_digits
     from tokenizers import Tokenizer
+
+    from hylo_bench.upcycle.needles import group_digits
 
     cache = {}
     if args.data_cache is not None and args.data_cache.exists():

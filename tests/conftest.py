@@ -34,7 +34,7 @@ def make_tokenizer(vocab_size: int = 400):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from hylo_bench.upcycle.data import shipped_text
+    from hylo_bench.upcycle.documents import shipped_text
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
@@ -92,7 +92,7 @@ def mini_base_dir(tmp_path_factory, tiny_tokenizer):
 
 
 def tiny_hybrid_config(**overrides):
-    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.config.hylo_config import HyLoConfig
 
     kw = dict(vocab_size=97, hidden_size=64, intermediate_size=128, n_layer=4, mla_layers=[1, 3],
               num_attention_heads=4, num_key_value_heads=2, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
@@ -106,8 +106,8 @@ def engine_reference_case():
     """(model, ids, want) for the engines' back-end equivalence tests: a tiny q/k-norm hybrid whose matrices are
     scaled x3 (so greedy tokens depend on every layer), two 13-token prompts, and the torch-back-end engine's 6
     greedy tokens (float32, CPU)."""
+    from hylo_bench.decode.engine import Engine
     from hylo_bench.models.hybrid import HyLoForCausalLM
-    from hylo_bench.serving.engine import Engine
 
     torch.manual_seed(0)
     model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).eval()

@@ -25,9 +25,9 @@ def test_ruler_json_stdout_is_the_json_alone(tiny_base_dir, tmp_path, monkeypatc
 
     real = R.run
 
-    def noisy(cfg, console=None):
+    def noisy(cfg, console=None, on_result=None):
         print("Downloaded punkt_tab on rank 0")  # what lm-eval's prepare_niah prints at import
-        return real(cfg, console=console)
+        return real(cfg, console=console, on_result=on_result)
 
     monkeypatch.setattr(R, "run", noisy)
     res = runner.invoke(app, ["ruler", "--model", str(tiny_base_dir), "--lengths", "1k", "--tasks", "niah_single_1",
@@ -45,7 +45,7 @@ def test_eval_json_stdout_is_the_json_alone(monkeypatch, tmp_path):
                "num_fewshot": {"piqa": 0}, "results_path": str(tmp_path / "a.json"),
                "lm_eval_results_path": str(tmp_path / "b.json")}
 
-    def noisy(cfg):
+    def noisy(cfg, on_result=None):
         print("lm-eval chatter on stdout")
         return summary
 

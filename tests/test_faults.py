@@ -56,7 +56,7 @@ UPCYCLE_KILLS = [
 
 def test_upcycle_killed_anywhere_resumes_to_the_uninterrupted_result(forkserver, tiny_base_dir, tmp_path):
     data = tmp_path / "data.txt"
-    from hylo_bench.upcycle.data import shipped_text
+    from hylo_bench.upcycle.documents import shipped_text
 
     data.write_text(shipped_text()[:60000], encoding="utf-8")
     args = ["upcycle", "--base", str(tiny_base_dir), "--data", str(data), "--stages", "64:ild@2k,128@2k",

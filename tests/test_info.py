@@ -113,7 +113,7 @@ def test_upcycle_recipe_flag_overrides_recipe(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake_run(cfg):
+    def fake_run(cfg, on_result=None):
         seen["cfg"] = cfg
         return {"kl_init": None, "stages": [{}]}
 
@@ -138,13 +138,14 @@ def test_fast_recipe_path_equals_the_meta_device_model_for_every_recipe(monkeypa
     """``info`` on a recipe skips transformers' model configs and the torch model (speed); the result must be
     what the HF-config + meta-device path gives: every count, per tensor, and every KV / state number."""
     from hylo_bench import info as I
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
+    from hylo_bench.models.params import parameter_counts
 
     for name in R.list_recipes():
         fast = I.describe(name)
         cfg = R.recipe_hybrid_config(R.load_recipe(name))  # HF LlamaConfig / Qwen3Config base
         assert fast["params_detail"]["source"].startswith("shape tables"), name
-        meta = I.parameter_counts(cfg, meta_model=True)
+        meta = parameter_counts(cfg, meta_model=True)
         assert meta["source"] == "meta-device model"
         for key in ("total", "by_component", "by_mixer_type", "per_mixer_tensor", "fp32_params"):
             assert fast["params_detail"][key] == meta[key], (name, key)
@@ -163,7 +164,7 @@ def test_info_imports_neither_torch_nor_transformers(tiny_ckpt):
     import subprocess
     import sys
 
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     names = R.list_recipes()
     code = ("import sys, json, io, contextlib; from hylo_bench.cli import app\n"
@@ -171,7 +172,8 @@ def test_info_imports_neither_torch_nor_transformers(tiny_ckpt):
             f"for argv in {[['info', n, '--json'] for n in names] + [['kv', str(tiny_ckpt), '--json']]!r}:\n"
             "    buf = io.StringIO()\n"
             "    with contextlib.redirect_stdout(buf):\n"
-            "        try:\n            app(argv)\n        except SystemExit as e:\n            assert not e.code, argv\n"
+            "        try:\n            app(argv)\n"
+            "        except SystemExit as e:\n            assert not e.code, argv\n"
             "    outs.append(json.loads(buf.getvalue()))\n"
             "bad = [m for m in ('torch', 'transformers', 'sklearn', 'hylo_bench.models.hybrid') if m in sys.modules]\n"
             "print(json.dumps({'loaded': bad, 'kv': [o['kv_cache_bytes_per_token'] for o in outs]}))")
@@ -186,9 +188,9 @@ def test_hybrid_spec_equals_hylo_config_for_every_recipe():
     """The torch-free ``HybridSpec`` and the transformers ``HyLoConfig`` share one implementation
     (``HybridFields``); built from the same recipe they must write identical hybrid_config.json / config.json and
     agree on the derived values the memory model reads."""
-    from hylo_bench.models.config import HyLoConfig
-    from hylo_bench.models.spec import HybridSpec
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
+    from hylo_bench.config.hybrid import HybridSpec
+    from hylo_bench.config.hylo_config import HyLoConfig
 
     for name in R.list_recipes():
         recipe = R.load_recipe(name)
@@ -202,13 +204,13 @@ def test_hybrid_spec_equals_hylo_config_for_every_recipe():
             assert getattr(spec, attr) == getattr(hf, attr), (name, attr)
         if spec.linear_type == "mamba":
             assert spec.mamba_dims() == hf.mamba_dims()
-        back = spec.to_hylo_config()
+        back = HyLoConfig.from_spec(spec)
         assert back.to_hybrid_dict() == hf.to_hybrid_dict() and back.vocab_size == hf.vocab_size
 
 
 def test_hybrid_spec_rejects_what_hylo_config_rejects(tmp_path):
-    from hylo_bench.models.config import HyLoConfig
-    from hylo_bench.models.spec import HybridSpec
+    from hylo_bench.config.hybrid import HybridSpec
+    from hylo_bench.config.hylo_config import HyLoConfig
 
     base = {"model_type": "llama", "vocab_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
     hybrid = {"hidden_size": 32, "n_layer": 2, "mla_layers": [1], "intermediate_size": 64, "num_attention_heads": 4,
@@ -220,4 +222,4 @@ def test_hybrid_spec_rejects_what_hylo_config_rejects(tmp_path):
         with pytest.raises(ValueError, match="ck: hybrid_config.json key 'n_layer' should be int"):
             cls.from_dicts(base, hybrid | {"n_layer": "2", "kv_lora_rank": 16}, source="ck")
     ok = HybridSpec.from_dicts(base, hybrid | {"kv_lora_rank": 16})
-    assert ok.mixer_types == ["gdn", "mla"] and ok.to_hylo_config().mixer_types == ["gdn", "mla"]
+    assert ok.mixer_types == ["gdn", "mla"] and HyLoConfig.from_spec(ok).mixer_types == ["gdn", "mla"]

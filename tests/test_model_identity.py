@@ -56,11 +56,14 @@ def test_lm_eval_results_of_hylo_bench_eval_carry_the_weights_hash():
 
 
 def test_upcycle_then_ruler_line_up_in_compare(tiny_base_dir, tmp_path):
-    from hylo_bench.upcycle.run import UpcycleConfig, run
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.upcycle.run import run
 
     out = tmp_path / "runs" / "tiny"
     manifest = run(UpcycleConfig(out=str(out), base=str(tiny_base_dir), data="demo", allow_demo_data=True,
-                                 stages="128:ild@1k", batch_size=2, eval_windows=1, device="cpu", tensorboard=False))
+                                 stages="128:ild@1k",
+                                 batch_size=2, eval_windows=1, device="cpu", tensorboard=False),
+                   on_result=store.recorder())
     runner = CliRunner()
     res = runner.invoke(app, ["ruler", "--model", str(out), "--lengths", "1k", "--tasks", "niah_single_1",
                               "--samples", "1", "--results-dir", str(tmp_path / "res"), "--device", "cpu", "--json"])

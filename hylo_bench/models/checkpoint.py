@@ -1,4 +1,6 @@
-"""Checkpoint I/O in the released HyLo layout (checkpoint-format.md §2, §4): save, strict load, resolution.
+"""Checkpoint I/O in the released HyLo layout (checkpoint-format.md §2, §4): resolution of a model argument to a
+folder, save, and the strict shape check behind loading (the load itself, which builds the model, is
+:func:`hylo_bench.models.hybrid.load_hylo`; this module never imports the model).
 
 Files: ``config.json`` (the base model's HF config), ``hybrid_config.json``, ``model.safetensors`` (one merged
 state dict; sharded ``model-*.safetensors`` + index and ``pytorch_model.bin`` are read too). Loading is strict:
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -16,7 +19,6 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
 from hylo_bench.io_utils import atomic_write_bytes
-from hylo_bench.models.config import HYBRID_CONFIG_NAME, HyLoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,19 @@ GDN_SIGNATURE = ("A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight", "v_co
 # Mamba-2 (Zebra-Llama) mixer keys that GDN lacks; A_log and dt_bias occur in both (§3.2).
 MAMBA2_SIGNATURE = ("in_proj.weight", "conv1d.weight", "D")
 _KIND_NAMES = {"gdn": "Gated DeltaNet", "mamba": "Mamba-2", "mla": "MLA"}
+
+
+def demo_teacher_dir() -> Path:
+    """Directory of the embedded demo teacher (shipped in ``hylo_bench/data/demo_teacher``).
+
+    Raises:
+        FileNotFoundError: if the package was installed without its data files.
+    """
+    d = Path(str(resources.files("hylo_bench") / "data" / "demo_teacher"))
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"{d}: the embedded demo teacher is missing; reinstall hylo-bench with its package "
+                                f"data or rebuild it with scripts/make_demo_teacher.py")
+    return d
 
 
 class CheckpointMismatchError(ValueError):
@@ -48,8 +63,6 @@ def resolve_checkpoint_dir(spec: str | Path, gguf_dtype=None) -> Path:
     from hylo_bench.models import gguf
 
     if str(spec) == "demo":
-        from hylo_bench.models.loading import demo_teacher_dir
-
         return demo_teacher_dir()
     if str(spec) in gguf.KNOWN_MODELS and not Path(spec).exists():
         return gguf.resolve_known_model(str(spec), gguf_dtype)
@@ -236,56 +249,6 @@ def warn_bad_weights(d: Path, model: torch.nn.Module) -> list[str]:
     for line in lines:
         logger.warning("%s", line)
     return lines
-
-
-def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, device: str | torch.device = "cpu"):
-    """Load a HyLo checkpoint strictly.
-
-    Args:
-        spec: local directory, ``demo`` or hub id (see :func:`resolve_checkpoint_dir`).
-        dtype: parameter dtype (released weights are fp32; default bf16 as the cards say). None keeps the
-            stored dtype.
-        device: where the weights go.
-
-    Raises:
-        FileNotFoundError: missing config/weights. ValueError: bad config (file and key named).
-        CheckpointMismatchError: missing/unexpected/mis-shaped tensors (all listed, before loading data).
-    """
-    from hylo_bench.models.hybrid import HyLoForCausalLM
-
-    d = resolve_checkpoint_dir(spec)
-    if not (d / HYBRID_CONFIG_NAME).is_file():
-        raise FileNotFoundError(f"{d}: no {HYBRID_CONFIG_NAME}; this is not a HyLo checkpoint (a plain "
-                                f"transformers model loads with hylo_bench.models.loading.load_model)")
-    config = HyLoConfig.from_directory(d)
-    with torch.device("meta"):
-        model = HyLoForCausalLM(config)
-    stored = read_tensor_shapes(d)
-    mapping = check_compatible(model, stored, str(d))
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for src, dst in mapping.items():
-        real = src.removesuffix("#tied")
-        by_file.setdefault(stored[real][1], []).append((real, dst))
-    state = {}
-    for f, pairs in by_file.items():  # each file is opened (or unpickled) once
-        if f.suffix == ".bin":
-            whole = torch.load(f, map_location="cpu", weights_only=True)
-            tensors = {dst: whole[real] for real, dst in pairs}
-        else:
-            with safe_open(f, framework="pt", device="cpu") as fh:
-                tensors = {dst: fh.get_tensor(real) for real, dst in pairs}
-        for dst, t in tensors.items():
-            keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla/mamba_ssm keep the gate parameters in fp32
-            target = torch.float32 if keep_fp32 and dtype is not None else dtype
-            state[dst] = t.to(device=device, dtype=target or t.dtype)
-    if "model.embed_tokens.weight#tied" in mapping:
-        # A tied export: the (untied) head starts as its own copy of the embedding, so the two train apart and
-        # save as two tensors (one shared storage would make safetensors refuse to save).
-        state["lm_head.weight"] = state["lm_head.weight"].clone()
-    model.load_state_dict(state, strict=True, assign=True)
-    model.eval()
-    warn_bad_weights(d, model)
-    return model
 
 
 def save_hylo(model, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:

@@ -32,6 +32,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hylo_bench.io_utils import package_version
+
 logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
@@ -217,7 +219,7 @@ def convert_gguf(path: str | Path, dtype=None, cache: Path | None = None) -> Pat
             "quantization": info["quantization"], "dtype": name, "converter_version": CONVERTER_VERSION,
             "tie_word_embeddings": bool(config.tie_word_embeddings), "model_class": type(plain).__name__,
             "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-            "transformers": _version("transformers"), "gguf": _version("gguf"),
+            "transformers": package_version("transformers"), "gguf": package_version("gguf"),
             "seconds": round(time.perf_counter() - t0, 1)}, indent=2) + "\n")
         try:
             os.replace(tmp, out)
@@ -237,15 +239,6 @@ def _readable(d: Path) -> None:
     os.chmod(d, 0o777 & ~umask)
     for f in d.iterdir():
         os.chmod(f, 0o666 & ~umask)
-
-
-def _version(pkg: str) -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return None
 
 
 def conversion_info(d: str | Path) -> dict | None:

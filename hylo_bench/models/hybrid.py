@@ -11,16 +11,27 @@ for Mamba-2 layers (Zebra-Llama), untied ``lm_head``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
+from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.models.cache import HyLoCache
-from hylo_bench.models.config import HyLoConfig
+from hylo_bench.models.checkpoint import (
+    check_compatible,
+    read_tensor_shapes,
+    resolve_checkpoint_dir,
+    save_hylo,
+    warn_bad_weights,
+)
 from hylo_bench.models.mla import MLA
 
 
@@ -268,8 +279,6 @@ class HyLoForCausalLM(HyLoPreTrainedModel, GenerationMixin):
                 "use_cache": use_cache, "logits_to_keep": 1}
 
     def save_pretrained(self, save_directory, **kwargs) -> None:  # noqa: D102 - see checkpoint.save_hylo
-        from hylo_bench.models.checkpoint import save_hylo
-
         save_hylo(self, save_directory)
 
     @classmethod
@@ -277,8 +286,54 @@ class HyLoForCausalLM(HyLoPreTrainedModel, GenerationMixin):
                         device: str | torch.device = "cpu", **kwargs) -> "HyLoForCausalLM":
         """Load a HyLo checkpoint (local dir, hub id or HF cache), strictly; fp32 weights cast to ``dtype``.
 
-        See :func:`hylo_bench.models.checkpoint.load_hylo` for the errors raised.
+        See :func:`load_hylo` for the errors raised.
         """
-        from hylo_bench.models.checkpoint import load_hylo
-
         return load_hylo(pretrained_model_name_or_path, dtype=dtype, device=device)
+
+
+def load_hylo(spec: str | Path, dtype: torch.dtype | None = torch.bfloat16, device: str | torch.device = "cpu"):
+    """Load a HyLo checkpoint strictly.
+
+    Args:
+        spec: local directory, ``demo`` or hub id (see :func:`resolve_checkpoint_dir`).
+        dtype: parameter dtype (released weights are fp32; default bf16 as the cards say). None keeps the
+            stored dtype.
+        device: where the weights go.
+
+    Raises:
+        FileNotFoundError: missing config/weights. ValueError: bad config (file and key named).
+        CheckpointMismatchError: missing/unexpected/mis-shaped tensors (all listed, before loading data).
+    """
+    d = resolve_checkpoint_dir(spec)
+    if not (d / HYBRID_CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"{d}: no {HYBRID_CONFIG_NAME}; this is not a HyLo checkpoint (a plain "
+                                f"transformers model loads with hylo_bench.models.loading.load_model)")
+    config = HyLoConfig.from_directory(d)
+    with torch.device("meta"):
+        model = HyLoForCausalLM(config)
+    stored = read_tensor_shapes(d)
+    mapping = check_compatible(model, stored, str(d))
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for src, dst in mapping.items():
+        real = src.removesuffix("#tied")
+        by_file.setdefault(stored[real][1], []).append((real, dst))
+    state = {}
+    for f, pairs in by_file.items():  # each file is opened (or unpickled) once
+        if f.suffix == ".bin":
+            whole = torch.load(f, map_location="cpu", weights_only=True)
+            tensors = {dst: whole[real] for real, dst in pairs}
+        else:
+            with safe_open(f, framework="pt", device="cpu") as fh:
+                tensors = {dst: fh.get_tensor(real) for real, dst in pairs}
+        for dst, t in tensors.items():
+            keep_fp32 = dst.endswith(("A_log", "dt_bias"))  # fla/mamba_ssm keep the gate parameters in fp32
+            target = torch.float32 if keep_fp32 and dtype is not None else dtype
+            state[dst] = t.to(device=device, dtype=target or t.dtype)
+    if "model.embed_tokens.weight#tied" in mapping:
+        # A tied export: the (untied) head starts as its own copy of the embedding, so the two train apart and
+        # save as two tensors (one shared storage would make safetensors refuse to save).
+        state["lm_head.weight"] = state["lm_head.weight"].clone()
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval()
+    warn_bad_weights(d, model)
+    return model

@@ -6,54 +6,13 @@ A directory with ``hybrid_config.json`` is a HyLo hybrid (``HyLoForCausalLM``); 
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import torch
 
-from hylo_bench.models.config import HYBRID_CONFIG_NAME
-
-
-def demo_teacher_dir() -> Path:
-    """Directory of the embedded demo teacher (shipped in ``hylo_bench/data/demo_teacher``).
-
-    Raises:
-        FileNotFoundError: if the package was installed without its data files.
-    """
-    d = Path(str(resources.files("hylo_bench") / "data" / "demo_teacher"))
-    if not (d / "config.json").is_file():
-        raise FileNotFoundError(f"{d}: the embedded demo teacher is missing; reinstall hylo-bench with its package "
-                                f"data or rebuild it with scripts/make_demo_teacher.py")
-    return d
-
-
-def default_device() -> str:
-    """``cuda`` when a GPU is visible, else ``cpu``."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(device: str) -> str:
-    """Validate a ``--device`` value before any loading; returns it.
-
-    Raises:
-        ValueError: not a torch device name (``cpu``, ``cuda``, ``cuda:1``...), or CUDA asked for but not available.
-    """
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"--device {device!r}: not a torch device ({exc}); use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device; use "
-                             f"--device cpu or install a CUDA build of torch")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return device
-
-
-def default_dtype(device: str) -> torch.dtype:
-    """bf16 on GPU (as the released model cards say), fp32 on CPU (bf16 CPU matmuls are slow and inexact)."""
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+from hylo_bench.config.device import check_device, default_device, default_dtype
+from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME, read_hf_config
+from hylo_bench.models.checkpoint import resolve_checkpoint_dir, warn_bad_weights
 
 
 def weights_hash(d: Path) -> str:
@@ -75,13 +34,11 @@ def layout_name(model) -> str:
 
 
 def _load_transformers(auto_cls, d: Path, dtype: torch.dtype, device: str):
-    """A plain transformers checkpoint, its ``config.json`` checked first (``upcycle.checks.read_hf_config``).
+    """A plain transformers checkpoint, its ``config.json`` checked first (``config.hybrid.read_hf_config``).
 
     Raises:
         ValueError: a bad config.json (file, key, value), or one transformers cannot build a model from.
     """
-    from hylo_bench.upcycle.checks import read_hf_config
-
     read_hf_config(d, "model")
     try:
         return auto_cls.from_pretrained(d, dtype=dtype).to(device)
@@ -108,7 +65,7 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir, warn_bad_weights
+    from hylo_bench.models.hybrid import load_hylo  # transformers' modeling code loads only for a model
 
     device = check_device(device or default_device())
     dtype = dtype or default_dtype(device)

@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from hylo_bench.config.hybrid import LATENT_NORM_EPS, mla_softmax_scale
+from hylo_bench.config.hylo_config import HyLoConfig
+from hylo_bench.models.attention import causal_attention, varlen_causal_attention
 from hylo_bench.models.cache import MLALayerCache
-from hylo_bench.models.config import HyLoConfig
 from hylo_bench.models.rope import MLARotary, apply_rope_interleaved
-from hylo_bench.models.spec import LATENT_NORM_EPS, mla_softmax_scale
 
 
 class MLA(nn.Module):
@@ -142,8 +143,6 @@ class MLA(nn.Module):
         q = torch.cat([q[..., : self.nope_dim], apply_rope_interleaved(q[..., self.nope_dim:], cos, sin)], dim=-1)
 
         if cu_seqlens is not None:
-            from hylo_bench.models.varlen import varlen_causal_attention
-
             out = varlen_causal_attention(q, k, v, self.scale, cu_seqlens)
         elif cache is None and token_mask is None:
             out = causal_attention(q, k, v, self.scale)
@@ -156,18 +155,3 @@ class MLA(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=self.scale)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.v_dim)
         return self.out_proj(out), new_cache
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal SDPA for MLA prefill, where the value head dim d_V is below the query/key dim d_N + d_R.
-
-    Flash attention needs one head dim for q, k and v; without it PyTorch falls back to kernels whose memory or
-    time grows badly with T (at 128K tokens the math path would need the [T, T] scores). On GPU the values are
-    zero-padded to the q/k width and the padded output columns (exactly zero) are dropped, the trick vLLM's MLA
-    prefill uses. q, k: [B, H, T, d_qk]; v: [B, H, T, d_V]. Returns [B, H, T, d_V].
-    """
-    d_qk, d_v = q.shape[-1], v.shape[-1]
-    if q.is_cuda and d_v < d_qk:
-        out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, d_qk - d_v)), is_causal=True, scale=scale)
-        return out[..., :d_v]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

@@ -9,9 +9,9 @@ pos * theta_i with theta_i = base^(-2i/R). We keep the interleaved output order 
 YaRN (checkpoint-format.md §5.3; DeepSeek-V2 ``yarn_find_correction_range``): frequencies blend between the
 original and the interpolated (theta / F) ones over a linear ramp between the correction dims of
 ``beta_fast`` and ``beta_slow``; cos and sin are both multiplied by the attention factor of
-:func:`hylo_bench.models.spec.yarn_attention_factor` (``0.1 ln F + 1`` for F > 1 in every released config;
+:func:`hylo_bench.config.hybrid.yarn_attention_factor` (``0.1 ln F + 1`` for F > 1 in every released config;
 transformers' ``attention_factor`` when given). A factor <= 1 has the plain RoPE frequencies. The softmax scale
-(``mscale_all_dim``) is :func:`hylo_bench.models.spec.mla_softmax_scale`.
+(``mscale_all_dim``) is :func:`hylo_bench.config.hybrid.mla_softmax_scale`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from hylo_bench.models.spec import yarn_attention_factor, yarn_get_mscale  # noqa: F401  (yarn_get_mscale re-exported)
+from hylo_bench.config.hybrid import yarn_attention_factor, yarn_get_mscale  # noqa: F401  (yarn_get_mscale re-exported)
 
 
 def yarn_correction_range(rope_dim: int, base: float, original_max_pos: int, beta_fast: float = 32,
@@ -39,7 +39,7 @@ def rope_inv_freq_and_mscale(rope_dim: int, base: float, rope_scaling: dict | No
 
     Raises:
         ValueError: on an unsupported ``rope_type`` (supported: yarn, default/none; linear), and as
-            :func:`hylo_bench.models.spec.yarn_attention_factor` (mscale settings the references disagree on).
+            :func:`hylo_bench.config.hybrid.yarn_attention_factor` (mscale settings the references disagree on).
     """
     idx = torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu")  # never on meta
     inv_extra = 1.0 / (base ** (idx / rope_dim))

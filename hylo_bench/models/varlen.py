@@ -1,5 +1,5 @@
-"""Packed documents in the hybrid: document boundaries as ``cu_seqlens``, per-document positions, block-diagonal
-causal attention and short convolutions that do not reach across documents.
+"""Packed documents in the hybrid: document boundaries as ``cu_seqlens``, per-document positions and short
+convolutions that do not reach across documents (block-diagonal causal attention: :mod:`hylo_bench.models.attention`).
 
 Convention: a batch [B, T] of packed rows is described by ``cu_seqlens``, int32 [n_docs + 1] offsets into the
 flattened B * T tokens (fla / flash-attn varlen); every row start is a document start, so no document spans two
@@ -62,45 +62,6 @@ def check_packed(cu_seqlens: torch.Tensor, B: int, T: int) -> list[int]:
         raise ValueError(f"cu_seqlens: every row of the [B={B}, T={T}] batch must start a document; offsets "
                          f"{missing[:4]} are row starts without a boundary")
     return cu
-
-
-def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                            cu_seqlens: torch.Tensor, method: str = "auto") -> torch.Tensor:
-    """Causal attention within each packed document (block-diagonal causal mask).
-
-    Args:
-        q, k: [B, H, T, d_qk]; v: [B, H, T, d_v]. cu_seqlens: [n_docs + 1] over the flattened B * T tokens.
-        scale: softmax scale.
-        method: "mask" (one SDPA call with an explicit [B, 1, T, T] boolean mask: exact, O(T^2) memory, for
-            CPU and short rows), "loop" (one causal SDPA call per document: flash / memory-efficient kernels,
-            O(T) extra memory, for GPUs and long rows), or "auto" ("loop" on CUDA/ROCm, else "mask").
-
-    Returns:
-        [B, H, T, d_v].
-
-    Raises:
-        ValueError: unknown ``method``.
-    """
-    from hylo_bench.models.mla import causal_attention
-
-    B, H, T, _ = q.shape
-    if method == "auto":
-        method = "loop" if q.is_cuda else "mask"
-    if method == "mask":
-        doc, _ = document_index(cu_seqlens.to(q.device), B, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        allowed = causal[None] & (doc[:, :, None] == doc[:, None, :])
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=scale)
-    if method != "loop":
-        raise ValueError(f"method={method!r}; expected 'auto', 'mask' or 'loop'")
-    cu = cu_seqlens.tolist()
-
-    def flat(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, d] -> [1, H, B * T, d]
-        return x.transpose(0, 1).reshape(1, H, B * T, x.shape[-1])
-
-    qf, kf, vf = flat(q), flat(k), flat(v)
-    outs = [causal_attention(qf[:, :, s:e], kf[:, :, s:e], vf[:, :, s:e], scale) for s, e in zip(cu[:-1], cu[1:])]
-    return torch.cat(outs, dim=2).reshape(H, B, T, v.shape[-1]).transpose(0, 1)
 
 
 def varlen_causal_conv1d(x_BCT: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

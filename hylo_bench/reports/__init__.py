@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "build_report": "report", "write_tables": "report", "load_manifests": "results", "load_results": "results",
+    "build_report": "report", "write_tables": "store_report", "load_manifests": "results", "load_results": "results",
     "models_table": "results", "ruler_means": "results", "task_tables": "results",
 }
 __all__ = sorted(_LAZY)

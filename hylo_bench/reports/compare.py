@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 from sqlalchemy.engine import Engine
 
+from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
 from hylo_bench.io_utils import WEIGHT_PATTERNS, atomic_write_text, weights_sha256
 from hylo_bench.reports import store
-from hylo_bench.reports.ingest import LM_EVAL_PERCENT_METRICS
 from hylo_bench.reports.paper import PAPER_TABLES, load_paper_tables, paper_tables_path
 
 Z_95 = 1.959963984540054

@@ -1,5 +1,6 @@
-"""Plotly figures and tables of the store report: the paper's Figure 1, RULER vs length with the paper's rows,
-the commonsense table, the serving sweep in the shape of the paper's Figure 5, and training curves.
+"""Plotly figures and tables of the report: RULER mean vs length and per task, the paper's Figure 1, RULER vs length
+with the paper's rows, the commonsense table, the serving sweep in the shape of the paper's Figure 5, and training
+curves.
 
 Builders take tidy frames (see ``store_report``) and return figures whose trace data are the stored values.
 Scores are 0-100, lengths in tokens, memory in GiB, times in seconds. Never imports torch.
@@ -7,6 +8,7 @@ Scores are 0-100, lengths in tokens, memory in GiB, times in seconds. Never impo
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
@@ -15,7 +17,112 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from hylo_bench.reports.paper import COMMONSENSE_COLUMNS, RULER_COLUMNS
-from hylo_bench.reports.report import _COLORS, _TEMPLATE, _label, _length_axis, format_tokens, mean_figure
+from hylo_bench.reports.results import ruler_means
+
+TEMPLATE = "plotly_white"
+COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def format_tokens(num_tokens: int) -> str:
+    """Short label for a length in tokens: 1024 -> "1K", 65536 -> "64K", 1048576 -> "1M", 1000 -> "1000"."""
+    if num_tokens % (1 << 20) == 0:
+        return f"{num_tokens >> 20}M"
+    if num_tokens % (1 << 10) == 0:
+        return f"{num_tokens >> 10}K"
+    return str(num_tokens)
+
+
+def label(name: str) -> str:
+    # Plotly renders a small HTML subset in names and titles and decodes entities, so escape to show names as-is.
+    return html.escape(name, quote=False)
+
+
+def length_axis(seq_lens: list[int]) -> dict[str, Any]:
+    return {"type": "log", "tickvals": seq_lens, "ticktext": [format_tokens(n) for n in seq_lens],
+            "title": {"text": "context length (tokens)"}}  # fmt: skip
+
+
+def mean_figure(df: pd.DataFrame) -> go.Figure:
+    """RULER mean score (0-100) vs context length, one line per model, log2-spaced length ticks.
+
+    Args:
+        df: a RULER frame (``results.RESULT_COLUMNS``).
+    """
+    means = ruler_means(df)
+    fig = go.Figure()
+    for i, (model, part) in enumerate(means.groupby("model", sort=True)):
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"].tolist(), y=part["score"].tolist(), customdata=part["num_tasks"].tolist(),
+            mode="lines+markers", name=label(model), meta={"model": model}, line={"color": COLORS[i % len(COLORS)]},
+            hovertemplate="%{x} tokens: %{y:.2f} (mean of %{customdata} tasks)",
+        ))  # fmt: skip
+    seq_lens = sorted(int(n) for n in means["seq_len"].unique())
+    fig.update_layout(
+        template=TEMPLATE, title={"text": "RULER mean score vs context length"}, xaxis=length_axis(seq_lens),
+        yaxis={"title": {"text": "RULER mean score (0-100)"}, "range": [0, 100]}, hovermode="x unified",
+    )
+    return fig
+
+
+def task_figures(df: pd.DataFrame) -> list[go.Figure]:
+    """Per-task RULER scores (0-100) vs length: one task x length heatmap per model, on shared axes.
+
+    Args:
+        df: a RULER frame (``results.RESULT_COLUMNS``).
+
+    Returns:
+        One figure per model, sorted by model name; missing cells are NaN (drawn empty).
+    """
+    seq_lens = sorted(int(n) for n in df["seq_len"].unique())
+    tasks = sorted(df["task"].unique())
+    figures = []
+    for model, part in df.groupby("model", sort=True):
+        grid = part.pivot(index="task", columns="seq_len", values="score").reindex(index=tasks, columns=seq_lens)
+        fig = go.Figure(go.Heatmap(
+            z=grid.to_numpy().tolist(), x=[format_tokens(n) for n in seq_lens], y=tasks, zmin=0, zmax=100,
+            colorscale="Viridis", texttemplate="%{z:.1f}", colorbar={"title": {"text": "score"}},
+            hovertemplate="%{y} @ %{x}: %{z:.2f}<extra></extra>", meta={"model": model, "seq_len": seq_lens},
+        ))  # fmt: skip
+        fig.update_layout(
+            template=TEMPLATE, title={"text": f"RULER per task: {label(model)}"},
+            xaxis={"title": {"text": "context length (tokens)"}, "type": "category"},
+            yaxis={"autorange": "reversed"}, height=max(320, 40 + 26 * len(tasks)),
+        )
+        figures.append(fig)
+    return figures
+
+
+def loss_figure(losses: pd.DataFrame) -> go.Figure:
+    """Upcycling training loss vs tokens, one line per (run, stage); ILD (summed layer L2) and KD (KL in
+    nats/token) differ by orders of magnitude, so when both are present they get a panel each (ILD on top).
+
+    Args:
+        losses: training-log rows (``results.LOSS_COLUMNS``, non-empty).
+    """
+    from plotly.subplots import make_subplots
+
+    kinds = losses["stage_kind"] if "stage_kind" in losses else pd.Series("", index=losses.index)
+    both = {"ild", "kd"} <= set(kinds.dropna())
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12, subplot_titles=("Enhanced-ILD", "KD (KL)")) \
+        if both else go.Figure()
+    for (run, _, stage), part in losses.groupby(["run", "stage_index", "stage"], sort=True):
+        seq_len = int(part["stage_seq_len"].iloc[0])
+        trace = go.Scatter(
+            x=part["tokens"].tolist(), y=part["loss"].tolist(), customdata=part["step"].tolist(), mode="lines",
+            name=label(f"{run} / {stage} ({format_tokens(seq_len)})"),
+            meta={"run": run, "stage": stage, "seq_len": seq_len},
+            hovertemplate="step %{customdata}, %{x} tokens: loss %{y:.4f}",
+        )  # fmt: skip
+        if both:
+            fig.add_trace(trace, row=1 if kinds.loc[part.index[0]] == "ild" else 2, col=1)
+        else:
+            fig.add_trace(trace)
+    fig.update_layout(template=TEMPLATE, title={"text": "Upcycling training loss per stage"},
+                      height=720 if both else None)
+    fig.update_xaxes(title={"text": "tokens"})
+    fig.update_yaxes(title={"text": "loss"})
+    return fig
+
 
 FIGURE1_LENGTHS = tuple(RULER_COLUMNS.values())  # 8K, 16K, 32K, 64K
 # Paper column -> lm-eval task, in the paper's column order; the 7-task average is the paper's "Avg".
@@ -80,12 +187,12 @@ def figure1(points: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
         ))  # fmt: skip
     for r in points.itertuples():
         fig.add_trace(go.Scatter(
-            x=[r.ruler_mean], y=[r.gsm8k], text=[_label(r.model)], mode="markers+text", textposition="top left",
-            marker={"size": 14, "symbol": "star"}, name=_label(r.model), meta={"source": "store", "model": r.model},
+            x=[r.ruler_mean], y=[r.gsm8k], text=[label(r.model)], mode="markers+text", textposition="top left",
+            marker={"size": 14, "symbol": "star"}, name=label(r.model), meta={"source": "store", "model": r.model},
             hovertemplate="%{text}: RULER %{x:.2f}, GSM8K %{y:.2f}<extra></extra>",
         ))  # fmt: skip
     fig.update_layout(
-        template=_TEMPLATE, title={"text": "Figure 1: GSM8K vs mean RULER over 8K-64K"}, height=640,
+        template=TEMPLATE, title={"text": "Figure 1: GSM8K vs mean RULER over 8K-64K"}, height=640,
         legend={"orientation": "h", "y": -0.15},
         xaxis={"title": {"text": "mean RULER score, 8K/16K/32K/64K (0-100)"}},
         yaxis={"title": {"text": "GSM8K (0-100)"}},
@@ -94,7 +201,7 @@ def figure1(points: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
 
 
 def ruler_length_figure(df: pd.DataFrame, matches: dict[str, pd.Series]) -> go.Figure:
-    """RULER mean vs context length per checkpoint (see ``report.mean_figure``) plus, dashed, the paper's RULER
+    """RULER mean vs context length per checkpoint (see :func:`mean_figure`) plus, dashed, the paper's RULER
     row (R8K..R64K) of each checkpoint that matches a released model by name.
 
     Args:
@@ -109,12 +216,12 @@ def ruler_length_figure(df: pd.DataFrame, matches: dict[str, pd.Series]) -> go.F
         fig.add_trace(go.Scatter(
             x=[RULER_COLUMNS[c] for c in cols], y=[float(row[c]) for c in cols], mode="lines+markers",
             line={"dash": "dash", "color": colors.get(model)}, marker={"symbol": "diamond-open"},
-            name=_label(f"paper: {paper_label(row)}"),
+            name=label(f"paper: {paper_label(row)}"),
             meta={"source": "paper", "model": model, "paper_model": paper_label(row)},
             hovertemplate="%{x} tokens: %{y:.1f} (paper)",
         ))  # fmt: skip
         lengths |= {RULER_COLUMNS[c] for c in cols}
-    fig.update_layout(xaxis=_length_axis(sorted(lengths)), title={"text": "RULER mean score vs context length"})
+    fig.update_layout(xaxis=length_axis(sorted(lengths)), title={"text": "RULER mean score vs context length"})
     return fig
 
 
@@ -166,11 +273,11 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
         values = ok.dropna(subset=[field]) if field in ok else ok.iloc[:0]
         top = float(values[field].max()) * 1.08 if not values.empty else 1.0
         for j, model in enumerate(models):
-            color = _COLORS[j % len(_COLORS)]
+            color = COLORS[j % len(COLORS)]
             part = values[values["model"] == model].sort_values("seq_len")
             fig.add_trace(go.Scatter(
                 x=part["seq_len"].tolist(), y=part[field].tolist() if field in part else [], mode="lines+markers",
-                name=_label(model), legendgroup=model, showlegend=i == 0, line={"color": color},
+                name=label(model), legendgroup=model, showlegend=i == 0, line={"color": color},
                 meta={"model": model, "field": field, "status": "ok"}, hovertemplate="%{x} tokens: %{y:.4g}",
             ), **pos)  # fmt: skip
             failed = oom[oom["model"] == model].sort_values("seq_len")
@@ -179,9 +286,9 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
                 fig.add_trace(go.Scatter(
                     x=failed["seq_len"].tolist(), y=[top] * n, text=["OOM"] * n, mode="markers+text",
                     textposition="bottom center", marker={"symbol": "x", "size": 12, "color": "#d62728"},
-                    name=_label(f"{model} OOM"), legendgroup=model, showlegend=False,
+                    name=label(f"{model} OOM"), legendgroup=model, showlegend=False,
                     meta={"model": model, "field": field, "status": "oom"},
-                    hovertemplate=f"{_label(model)}: OOM at %{{x}} tokens<extra></extra>",
+                    hovertemplate=f"{label(model)}: OOM at %{{x}} tokens<extra></extra>",
                 ), **pos)  # fmt: skip
         fig.update_yaxes(rangemode="tozero", **pos)
         if values.empty and oom.empty:
@@ -190,7 +297,7 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
     lengths = sorted(int(n) for n in points["seq_len"].unique())
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[format_tokens(n) for n in lengths])
     fig.update_xaxes(title_text="context length (tokens)", row=2)
-    fig.update_layout(template=_TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"},
+    fig.update_layout(template=TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"},
                       legend={"orientation": "h", "y": -0.15})  # fmt: skip
     return fig
 
@@ -236,8 +343,8 @@ def length_finding_figure(rows: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
             meta={"source": "paper", "train_ctx": ctx}, hovertemplate="%{x} tokens: %{y:.1f} (paper)",
         ))  # fmt: skip
         lengths |= {RULER_COLUMNS[c] for c in cols}
-    fig.update_layout(template=_TEMPLATE, height=520, legend={"orientation": "h", "y": -0.2},
+    fig.update_layout(template=TEMPLATE, height=520, legend={"orientation": "h", "y": -0.2},
                       title={"text": "Length generalisation: RULER mean vs context length (95 % intervals)"},
-                      xaxis=_length_axis(sorted(lengths)), yaxis={"title": {"text": "RULER mean (0-100)"},
+                      xaxis=length_axis(sorted(lengths)), yaxis={"title": {"text": "RULER mean (0-100)"},
                                                                   "range": [0, 100]})
     return fig

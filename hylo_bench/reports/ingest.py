@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
+from hylo_bench.io_utils import utc_now
 from hylo_bench.reports.results import parse_manifest, parse_ruler_run
 
 KINDS = ("ruler", "ruler-json", "upcycle", "benchmark", "sweep", "lm-eval", "eval-json", "eval-summary")
@@ -25,8 +27,6 @@ _MANIFEST_GROWING = ("stages", "kl_init", "final_checkpoint", "finished_utc", "m
 RUN_STATUSES = ("running", "complete")
 """``running``: the command was still writing the file (or was killed); ``complete``: it finished. Files written
 before statuses existed are complete."""
-# lm-eval reports these on a 0-1 scale; the store keeps every accuracy-like score on 0-100 like RULER and the paper.
-LM_EVAL_PERCENT_METRICS = frozenset({"acc", "acc_norm", "exact_match", "em", "f1", "mc1", "mc2", "mcc", "contains"})
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -178,7 +178,7 @@ def _ruler_json(obj: dict[str, Any], source: str) -> RunRecord:
     return RunRecord(natural_key=content_hash(obj), kind="ruler-json", source=source, model=obj["model"],
                      checkpoint=None, model_hash=None, layout=None, git_sha=None, hylo_bench_version=None, device=None,
                      config={k: v for k, v in obj.items() if k not in ("scores", "mean")},
-                     created_utc=_now(), metrics=metrics, train_log=[], points=[])
+                     created_utc=utc_now(), metrics=metrics, train_log=[], points=[])
 
 
 def _manifest(obj: dict[str, Any], source: str) -> RunRecord:
@@ -239,7 +239,7 @@ def _benchmark(obj: dict[str, Any], source: str, *, allow_empty: bool = False) -
         if "seq_len" in rec and rec["seq_len"] is not None and (
                 not isinstance(rec["seq_len"], int) or isinstance(rec["seq_len"], bool) or rec["seq_len"] <= 0):
             raise ValueError(f"records[{i}].seq_len: expected a positive number of tokens, got {rec['seq_len']!r}")
-    created = _iso(obj["created_utc"]) if isinstance(obj.get("created_utc"), str) else _now()
+    created = _iso(obj["created_utc"]) if isinstance(obj.get("created_utc"), str) else utc_now()
     points = [{"idx": i, "benchmark": obj["benchmark"], "record": rec} for i, rec in enumerate(records)]
     return RunRecord(natural_key=content_hash(obj), kind="benchmark", source=source, model=obj["benchmark"],
                      checkpoint=None, model_hash=None, layout=obj.get("student_layout"), git_sha=obj.get("git_sha"),
@@ -287,7 +287,7 @@ def _lm_eval(obj: dict[str, Any], source: str) -> RunRecord:
         raise ValueError("model_name / config.model_args: cannot tell which model was evaluated")
     date = obj.get("date")
     created = datetime.fromtimestamp(date, timezone.utc).isoformat(timespec="seconds") \
-        if isinstance(date, (int, float)) else _now()
+        if isinstance(date, (int, float)) else utc_now()
     ours = cfg.get("hylo_model") if isinstance(cfg.get("hylo_model"), dict) else {}  # `hylo-bench eval` adds it
     model_hash = ours.get("hash") if isinstance(ours.get("hash"), str) else None
     return RunRecord(natural_key=content_hash(obj), kind="lm-eval", source=source, model=str(model),
@@ -323,7 +323,7 @@ def _eval_json(obj: dict[str, Any], source: str) -> RunRecord:
     metrics = _eval_scores(obj, obj.get("n_samples") or {})
     return RunRecord(natural_key=content_hash(obj), kind="eval-json", source=source, model=obj["model"],
                      checkpoint=None, model_hash=None, layout=None, git_sha=None, hylo_bench_version=None, device=None,
-                     config={k: v for k, v in obj.items() if k != "scores"}, created_utc=_now(), metrics=metrics,
+                     config={k: v for k, v in obj.items() if k != "scores"}, created_utc=utc_now(), metrics=metrics,
                      train_log=[], points=[])
 
 
@@ -340,8 +340,6 @@ def _eval_summary(obj: dict[str, Any], source: str) -> RunRecord:
                      created_utc=_iso(obj["created_utc"]), metrics=metrics, train_log=[], points=[])
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 _PARSERS = {"ruler": _ruler_file, "ruler-json": _ruler_json, "upcycle": _manifest, "benchmark": _benchmark,

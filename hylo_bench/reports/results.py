@@ -185,7 +185,8 @@ def parse_manifest(obj: dict[str, Any], run: str, manifest_file: str) -> list[di
                 raise ValueError(f"stages[{i}].losses[{j}].loss: expected a finite number, got {entry['loss']!r}")
             rows.append({
                 "run": run, "manifest_file": manifest_file, "stage_index": i, "stage": stage["name"],
-                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"], "tokens_seen": stage["tokens_seen"],
+                "stage_kind": stage["kind"], "stage_seq_len": stage["seq_len_tokens"],
+                "tokens_seen": stage["tokens_seen"],
                 "step": entry["step"], "loss": float(entry["loss"]), "tokens": entry["tokens"],
             })  # fmt: skip
     return rows
@@ -283,6 +284,7 @@ def results_frame(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) ->
     df = df.drop_duplicates(["model", "task", "seq_len"], keep="last")
     df = df.sort_values(["model", "seq_len", "task"], kind="stable").reset_index(drop=True)
     for model, hashes in df.groupby("model")["model_hash"].unique().items():
+        hashes = [h for h in hashes if isinstance(h, str)]  # `ruler --json` objects carry no checkpoint hash
         if len(hashes) > 1:
             logger.warning("model %r: kept rows come from runs of %d different checkpoints (hashes %s)",
                            model, len(hashes), ", ".join(h[:HASH_PREFIX_CHARS] for h in hashes))  # fmt: skip

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from hylo_bench.io_utils import utc_now
 from hylo_bench.reports.ingest import Metric, RunRecord, detect_kind, parse_file, parse_object
 
 logger = logging.getLogger(__name__)
@@ -232,14 +233,15 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
         if current_version(conn) >= number:
             return
         MIGRATIONS[number](conn)
-        conn.execute(schema_version.insert().values(version=number, applied_utc=_now()))
+        conn.execute(schema_version.insert().values(version=number, applied_utc=utc_now()))
 
     for number in range(version + 1, target + 1):
         write_transaction(engine, lambda conn, number=number: step(conn, number))
     return max(version, target)
 
 
-def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *, create: bool = True) -> Engine:
+def open_store(db: str | Path | None = None, results_dir: str | Path = "hylo-results", *,
+               create: bool = True) -> Engine:
     """Connect to the store (see :func:`resolve_url`) and migrate it to the current schema.
 
     Args:
@@ -315,7 +317,7 @@ def _save_one(conn: Connection, rec: RunRecord) -> SaveOutcome:
             natural_key=rec.natural_key, kind=rec.kind, source=rec.source, model=rec.model, checkpoint=rec.checkpoint,
             model_hash=rec.model_hash, layout=rec.layout, git_sha=rec.git_sha,
             hylo_bench_version=rec.hylo_bench_version, device=rec.device,
-            config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=_now(),
+            config_json=json.dumps(rec.config, sort_keys=True), created_utc=rec.created_utc, imported_utc=utc_now(),
             status=rec.status,
         )).inserted_primary_key[0]  # fmt: skip
     else:
@@ -394,6 +396,14 @@ def import_paths(db: str | Path | None, results_dir: str | Path, paths: Iterable
         engine.dispose()
 
 
+def recorder(db: str | Path | None = None,
+             results_dir: str | Path = "hylo-results") -> Callable[..., SaveOutcome | None]:
+    """The ``on_result`` callback the CLI hands to a command's ``run``: ``on_result(obj, path)`` stores the result
+    object just written to ``path`` (:func:`record` into ``db``, else ``$HYLO_BENCH_DB``, else
+    ``results_dir/hylo_bench.sqlite``). A ``functools.partial``, so it pickles into spawned worker processes."""
+    return functools.partial(record, db=db, results_dir=results_dir)
+
+
 def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None = None, *,
            db: str | Path | None = None, results_dir: str | Path = "hylo-results") -> SaveOutcome | None:
     """Add one result (a parsed object with its ``source`` file name, or a file path) to the store as a command
@@ -404,7 +414,8 @@ def record(obj_or_path: dict[str, Any] | str | Path, source: str | Path | None =
     """
     path = obj_or_path if isinstance(obj_or_path, (str, Path)) else source
     try:
-        rec = parse_file(obj_or_path) if isinstance(obj_or_path, (str, Path)) else parse_object(obj_or_path, str(source))
+        rec = (parse_file(obj_or_path) if isinstance(obj_or_path, (str, Path))
+               else parse_object(obj_or_path, str(source)))
         engine = open_store(db, results_dir)
         try:
             return save_runs(engine, [rec])[0]
@@ -437,7 +448,8 @@ def sync_dir(engine: Engine, root: str | Path) -> tuple[list[SaveOutcome], list[
         try:
             obj = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            # An unreadable .json does not say its kind (a results file cut off mid-write, say): list it, do not hide it.
+            # An unreadable .json does not say its kind (a results file cut off mid-write, say): list it, do not
+            # hide it.
             logger.warning("report: %s is not readable JSON (%s); skipped", path, exc)
             skipped.append((str(path), f"not readable JSON: {exc}"))
             continue
@@ -505,10 +517,10 @@ def points_frame(engine: Engine) -> pd.DataFrame:
     return pd.DataFrame([{"run_id": r.run_id, "benchmark": r.benchmark} | json.loads(r.record_json) for r in rows])
 
 
-def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
+def unfinished_runs(engine: Engine, *, with_ids: bool = True) -> list[tuple[int, str, str]]:
     """``(run id, source, reason)`` of every results run (not an upcycle manifest: its training log is shown as it
     grows) stored as ``running`` (a command still writing it, or killed): the reason says how many of its planned
-    (task, length) pairs it holds."""
+    (task, length) pairs it holds, and (``with_ids``) the run's id in the store."""
     with engine.connect() as conn:
         rows = conn.execute(sa.select(runs.c.id, runs.c.source, runs.c.config_json).where(
             runs.c.status == "running", runs.c.kind != "upcycle").order_by(runs.c.id)).all()
@@ -517,7 +529,8 @@ def unfinished_runs(engine: Engine) -> list[tuple[int, str, str]]:
     for r in rows:
         planned = json.loads(r.config_json).get("planned")
         of = f" of {len(planned)} planned" if isinstance(planned, list) else ""
-        reason = (f"unfinished run {r.id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
+        run_id = f" {r.id}" if with_ids else ""
+        reason = (f"unfinished run{run_id} (it holds {counts.get(r.id, 0)}{of} results; the command was interrupted "
                   f"or is still running): left out")
         out.append((int(r.id), r.source, reason))
     return out
@@ -557,5 +570,3 @@ def ruler_rows(engine: Engine, *, include_unfinished: bool = False) -> list[dict
     return out
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

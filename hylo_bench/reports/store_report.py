@@ -1,5 +1,7 @@
-"""The full report from the results store: Figure 1, RULER vs length and per task, commonsense table, serving
-sweep (Figure 5 shape) and training curves; sections without data say so. Optional PNG/SVG/CSV/Markdown export.
+"""The report builder (the one pipeline: ``report`` reads the results store, ``report --files-only`` an in-memory
+store the result files were imported into): Figure 1, RULER vs length and per task, per-length score tables,
+models, commonsense table, serving sweep (Figure 5 shape) and training curves; sections without data say so.
+Optional PNG/SVG/CSV/Markdown export.
 
 Scores are 0-100, lengths in tokens. Never imports torch.
 """
@@ -21,15 +23,17 @@ import plotly.offline
 from hylo_bench import __version__
 from hylo_bench.io_utils import atomic_write_text
 from hylo_bench.reports import figures as F
+from hylo_bench.reports import html as H
 from hylo_bench.reports import store
 from hylo_bench.reports.compare import PAPER_COLUMNS
 from hylo_bench.reports.paper import load_paper_tables, match_paper_row, paper_frame
-from hylo_bench.reports.report import (
-    _CSS, _LOADER, _figure_html, _scores_table_html, _skipped_html, _text_table_html, format_tokens, loss_figure,
-    task_figures,
-)
 from hylo_bench.reports.results import (
-    LOSS_COLUMNS, RESULT_COLUMNS, models_table, results_frame, ruler_means, task_tables,
+    LOSS_COLUMNS,
+    RESULT_COLUMNS,
+    models_table,
+    results_frame,
+    ruler_means,
+    task_tables,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,10 +168,10 @@ def build(data: StoreData, title: str) -> Report:
             f"hylo-bench {__version__} from <code>{html.escape(data.source)}</code>")  # fmt: skip
     page = (
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-        f"<style>{_CSS} .nodata {{ color: #777; font-style: italic; }}</style>\n"
+        f"<style>{H.CSS} .nodata {{ color: #777; font-style: italic; }}</style>\n"
         f"<script>{plotly.offline.get_plotlyjs()}</script>\n</head>\n<body>\n"
-        f'<h1>{html.escape(title)}</h1>\n<p class="meta">{meta}</p>\n' + _skipped_html(data.skipped) + "".join(parts)
-        + f"<script>{_LOADER}</script>\n</body>\n</html>\n"
+        f'<h1>{html.escape(title)}</h1>\n<p class="meta">{meta}</p>\n' + H.skipped_html(data.skipped) + "".join(parts)
+        + f"<script>{H.LOADER}</script>\n</body>\n</html>\n"
     )  # fmt: skip
     return Report(html=page, figures=figs, tables=tables)
 
@@ -186,7 +190,7 @@ def _figure1_section(data: StoreData, paper: pd.DataFrame, caveats: list[str], f
         out += '<p class="meta">Not drawn: ' + html.escape("; ".join(notes)) + ".</p>\n"
     out += ('<p class="meta">Paper points: Tables 2-4, x = mean of the printed R8K..R64K (recomputed). Caveats from '
             "the tables file: " + html.escape(" / ".join(caveats) or "none") + ".</p>\n")
-    return out + _figure_html("figure1", figs["figure1"])
+    return out + H.figure_html("figure1", figs["figure1"])
 
 
 def _ruler_section(data: StoreData, matches: dict, figs: dict, tables: dict) -> str:
@@ -195,17 +199,17 @@ def _ruler_section(data: StoreData, matches: dict, figs: dict, tables: dict) -> 
         return out + _nodata("No RULER results in the store (run `hylo-bench ruler` or import RULER results).")
     figs["ruler-mean"] = F.ruler_length_figure(data.ruler, {m: r for m, r in matches.items()
                                                               if m in set(data.ruler["model"])})
-    out += _figure_html("ruler-mean", figs["ruler-mean"])
+    out += H.figure_html("ruler-mean", figs["ruler-mean"])
     out += '<h2>RULER per task</h2>\n<p class="meta">The paper publishes no per-task RULER numbers.</p>\n'
-    for i, fig in enumerate(task_figures(data.ruler)):
+    for i, fig in enumerate(F.task_figures(data.ruler)):
         figs[f"ruler-tasks-{i}"] = fig
-        out += _figure_html(f"ruler-tasks-{i}", fig)
+        out += H.figure_html(f"ruler-tasks-{i}", fig)
     out += "<h2>RULER scores per length (0-100)</h2>\n"
     for seq_len, table in task_tables(data.ruler).items():
         tables[f"ruler_{seq_len}"] = table
-        out += f"<h3>{format_tokens(seq_len)} ({seq_len} tokens)</h3>\n" + _scores_table_html(table)
+        out += f"<h3>{F.format_tokens(seq_len)} ({seq_len} tokens)</h3>\n" + H.scores_table_html(table)
     tables["models"] = models_table(data.ruler)
-    return out + "<h2>Models</h2>\n" + _text_table_html(tables["models"])
+    return out + "<h2>Models</h2>\n" + H.text_table_html(tables["models"])
 
 
 def _commonsense_section(data: StoreData, matches: dict, tables: dict) -> str:
@@ -242,7 +246,7 @@ def _serving_section(data: StoreData, figs: dict, tables: dict) -> str:
     tables["serving_points"] = data.points
     num_oom = int((data.points["status"] == "oom").sum())
     return out + f'<p class="meta">{num_oom} OOM point(s), drawn as red crosses.</p>\n' + \
-        _figure_html("serving", figs["serving"])
+        H.figure_html("serving", figs["serving"])
 
 
 LENGTH_FINDING_FIELDS = ("model_role", "task", "seq_len", "score", "ci_low", "ci_high")
@@ -264,15 +268,15 @@ def _length_finding_section(data: StoreData, paper: pd.DataFrame, figs: dict, ta
     prov = ", ".join(f"{k} {latest.iloc[0][k]}" for k in ("benchmark", "device", "git_sha") if k in latest)
     return ("<h2>Length generalisation (the paper's length finding)</h2>\n<p class=\"meta\">"
             + html.escape(prov) + "; error bars: 95 % Wilson intervals over all samples of the 11-task mean.</p>\n"
-            + _figure_html("length-finding", figs["length-finding"]))
+            + H.figure_html("length-finding", figs["length-finding"]))
 
 
 def _training_section(data: StoreData, figs: dict) -> str:
     out = "<h2>Upcycling training loss per stage</h2>\n"
     if data.losses.empty:
         return out + _nodata("No training logs in the store (import an upcycle manifest.json).")
-    figs["upcycle-loss"] = loss_figure(data.losses)
-    return out + _figure_html("upcycle-loss", figs["upcycle-loss"])
+    figs["upcycle-loss"] = F.loss_figure(data.losses)
+    return out + H.figure_html("upcycle-loss", figs["upcycle-loss"])
 
 
 def _benchmarks_section(data: StoreData, tables: dict) -> str:
@@ -288,7 +292,7 @@ def _benchmarks_section(data: StoreData, tables: dict) -> str:
         prov = ", ".join(f"{k} {first[k]}" for k in ("device", "git_sha", "created_utc") if k in part and
                          pd.notna(first[k]))
         out += (f"<h3>{html.escape(str(name))}</h3>\n<p class=\"meta\">{html.escape(prov)}</p>\n"
-                + _text_table_html(table.astype(object).where(table.notna(), "-")))
+                + H.text_table_html(table.astype(object).where(table.notna(), "-")))
     return out
 
 
@@ -321,9 +325,32 @@ def export(rep: Report, out_dir: str | Path) -> list[str]:
     return []
 
 
+def write_tables(df: pd.DataFrame, tables_dir: str | Path) -> list[Path]:
+    """Write the report's tables as CSV (full precision) into ``tables_dir``.
+
+    Files: ``ruler_records.csv`` (tidy rows), ``ruler_mean.csv`` (models x lengths), ``ruler_<seq_len>.csv``
+    (tasks + mean x models, one per length in tokens) and ``models.csv``.
+
+    Returns:
+        The written paths.
+    """
+    tables_dir = Path(tables_dir)
+    means = ruler_means(df).pivot(index="model", columns="seq_len", values="score")
+    tables = {"ruler_records.csv": df.to_csv(index=False), "ruler_mean.csv": means.to_csv(),
+              "models.csv": models_table(df).to_csv(index=False)}  # fmt: skip
+    for seq_len, table in task_tables(df).items():
+        tables[f"ruler_{seq_len}.csv"] = table.to_csv()
+    paths = []
+    for name, text in tables.items():
+        atomic_write_text(tables_dir / name, text)
+        paths.append(tables_dir / name)
+    return paths
+
+
 def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, title: str | None = None,
                        models: list[str] | None = None, images_dir: str | Path | None = None,
-                       sync: bool = True) -> tuple[Path, list[str]]:
+                       sync: bool = True, engine=None, skipped: list[tuple[str, str]] | None = None,
+                       tables_dir: str | Path | None = None) -> tuple[Path, list[str]]:
     """Bring the store up to date with ``results_dir``, read it, write the report (atomically), and export
     figures and tables when ``images_dir`` is given.
 
@@ -332,6 +359,9 @@ def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, tit
         sync: first import the results files under ``results_dir`` that the store lacks
             (:func:`store.sync_dir`; idempotent); files that fail are listed in the report. When False (or
             ``results_dir`` does not exist) the store must already exist.
+        engine: an open store to read instead of ``db`` (``report --files-only``: an in-memory store the files
+            were imported into); ``skipped``: files already found unimportable, listed in the page.
+        tables_dir: also write the RULER tables as CSV there (:func:`write_tables`).
 
     Returns:
         ``(path, notes)``: the HTML path and :func:`export`'s notes.
@@ -339,16 +369,22 @@ def build_store_report(db, results_dir: str | Path, out_html: str | Path, *, tit
     Raises:
         ValueError: no store and nothing to import, an empty store, unknown ``models``.
     """
-    skipped: list[tuple[str, str]] = []
-    if sync and Path(results_dir).is_dir():
+    skipped = list(skipped or [])
+    in_memory = engine is not None
+    if not in_memory and sync and Path(results_dir).is_dir():
         engine = store.open_store(db, results_dir)
-        skipped = store.sync_dir(engine, results_dir)[1]
-    else:
+        skipped += store.sync_dir(engine, results_dir)[1]
+    elif not in_memory:
         engine = store.open_store(db, results_dir, create=False)
     data = load_store(engine, models)
-    data.skipped = skipped + [(source, reason) for _, source, reason in store.unfinished_runs(engine)]
+    data.skipped = skipped + [(source, reason) for _, source, reason in store.unfinished_runs(engine,
+                                                                                           with_ids=not in_memory)]
+    if in_memory:
+        data.source = str(results_dir)  # the store lives only in this process: name the files it was read from
     rep = build(data, title or f"hylo-bench report: {Path(results_dir).resolve().name}")
     atomic_write_text(out_html, rep.html)
+    if tables_dir is not None:
+        write_tables(data.ruler, tables_dir)
     notes = export(rep, images_dir) if images_dir is not None else []
     for note in notes:
         logger.warning(note)

@@ -65,8 +65,8 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
     Raises:
         ValueError: an unknown recipe (close names listed) or a bad checkpoint. FileNotFoundError: missing files.
     """
+    from hylo_bench.config import recipes as R
     from hylo_bench.models.loading import layout_name
-    from hylo_bench.upcycle import recipes as R
 
     name = spec.removeprefix(BACKBONE_PREFIX)
     is_recipe = not Path(name).expanduser().exists() and name != "demo" and R.find_recipe(name) is not None
@@ -76,8 +76,9 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
     if not is_recipe:  # weights only: the engine works on token ids, no tokenizer needed
         from transformers import AutoModelForCausalLM
 
-        from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
-        from hylo_bench.models.config import HYBRID_CONFIG_NAME
+        from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
+        from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+        from hylo_bench.models.hybrid import load_hylo
 
         d = resolve_checkpoint_dir(spec)
         if (d / HYBRID_CONFIG_NAME).is_file():

@@ -4,16 +4,13 @@ Each point (model, backend, context, batch) runs in its own ``python -m hylo_ben
 so an out-of-memory point cannot poison the next. Records (TTFT s, decode tokens/s, TPOT s, peak memory GiB,
 memory-model prediction, ``status`` ok | oom | error | timeout | skipped) are appended to a benchmark-format JSON
 (``{"benchmark", "kind": "sweep", "git_sha", "device", "versions", "records": [...]}``, atomic rewrite after every
-point) and ingested into the results store after every point (kind ``sweep``: re-imports extend, never duplicate).
-This process never touches the GPU itself.
+point) handed to ``on_result`` after every point (``hylo-bench sweep``: the results store, kind ``sweep``:
+re-imports extend, never duplicate). This process never touches the GPU itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import importlib.metadata as md
-import importlib.util
 import json
 import logging
 import os
@@ -26,11 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hylo_bench.io_utils import atomic_write_json, git_sha
+from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha, package_version, utc_now
 
 logger = logging.getLogger(__name__)
-BACKENDS = ("native", "hf", "vllm")
-VLLM_HINT = "pip install 'hylo-bench[vllm]' (vLLM >= 0.26 with the hylo-bench vLLM plugin)"
+BACKENDS = ("native", "hf")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -42,7 +38,8 @@ class SweepConfig:
         contexts_tokens: prompt lengths (tokens).
         batch_sizes: sequences per point.
         out: results JSON path (benchmark format).
-        backend: ``native`` (hylo-bench engine), ``hf`` (eager transformers loop) or ``vllm``.
+        backend: ``native`` (hylo-bench engine) or ``hf`` (eager transformers loop). vLLM serves HyLo through
+            its own benchmarks (``hylo-bench export-vllm``, docs/vllm.md), not through this sweep.
         baseline: a second model swept the same way: ``backbone`` (the recipe's backbone, random weights, when
             ``model`` is a recipe), a recipe-qualified ``backbone:<recipe>``, or a checkpoint / hub id.
         decode_steps: tokens generated per point (TPOT over all but the first).
@@ -54,8 +51,6 @@ class SweepConfig:
         stop_after_oom: skip larger contexts of a (model, batch) series once one OOMs (recorded as skipped).
         device, dtype: passed to the workers (default: cuda if available; bf16 on GPU, fp32 on CPU).
         point_timeout_s: wall-clock limit per point (status ``timeout``).
-        db: results store (path or URL; default: see ``hylo_bench.reports.store.resolve_url``); ``store=False``
-            writes only the JSON.
     """
 
     model: str
@@ -75,11 +70,13 @@ class SweepConfig:
     device: str | None = None
     dtype: str | None = None
     point_timeout_s: float = 1800.0
-    db: str | None = None
-    store: bool = True
     warmup: bool = True
 
     def __post_init__(self) -> None:
+        if self.backend == "vllm":
+            raise ValueError("--backend vllm: the sweep runs its points in hylo-bench's own workers; serve HyLo with "
+                             "vLLM through `hylo-bench export-vllm` (docs/vllm.md) and its benchmarks, or use "
+                             "--backend native")
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
         if not self.contexts_tokens or min(self.contexts_tokens) < 1:
@@ -96,22 +93,6 @@ class SweepConfig:
                 for f in dataclasses.fields(self)}
 
 
-def check_backend(backend: str) -> None:
-    """Raise a clear error when the backend's dependencies are missing.
-
-    Raises:
-        ValueError: ``vllm`` without vLLM installed (names the extra), or without the hylo-bench vLLM plugin.
-    """
-    if backend != "vllm":
-        return
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"--backend vllm needs vLLM, which is not installed: {VLLM_HINT}; or use --backend native")
-    if importlib.util.find_spec("hylo_bench.serving.vllm_plugin") is None:
-        raise ValueError("--backend vllm needs the hylo-bench vLLM plugin (hylo_bench.serving.vllm_plugin), which "
-                         "this build does not include; use --backend native")
-    raise ValueError("--backend vllm: sweep points through vLLM are not implemented in this build; use native")
-
-
 def resolve_baseline(model: str, baseline: str | None) -> str | None:
     """``backbone`` -> ``backbone:<recipe>`` when ``model`` is a recipe name; anything else unchanged.
 
@@ -120,7 +101,7 @@ def resolve_baseline(model: str, baseline: str | None) -> str | None:
     """
     if baseline != "backbone":
         return baseline
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     if Path(model).expanduser().exists() or R.find_recipe(model) is None:
         raise ValueError(f"--baseline backbone needs a recipe name as CKPT (got {model!r}); pass the backbone "
@@ -129,20 +110,15 @@ def resolve_baseline(model: str, baseline: str | None) -> str | None:
 
 
 def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in ("torch", "transformers", "triton", "flash-linear-attention", "fla-core", "vllm"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
+    return {pkg: package_version(pkg)
+            for pkg in ("torch", "transformers", "triton", "flash-linear-attention", "fla-core", "vllm")}
 
 
 def new_envelope(cfg: SweepConfig) -> dict[str, Any]:
     """The results JSON before any record: benchmark envelope + ``kind: sweep``, a sweep id and the config."""
     return {"benchmark": "sweep", "kind": "sweep", "sweep_id": uuid.uuid4().hex, "model": cfg.model,
             "baseline": cfg.baseline, "backend": cfg.backend, "git_sha": git_sha(), "device": None,
-            "versions": _versions(), "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": _versions(), "created_utc": utc_now(),
             "config": cfg.to_dict(), "records": []}
 
 
@@ -172,25 +148,19 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 class SweepRun:
-    """Runs the points of one sweep, saving the JSON and the store after every record."""
+    """Runs the points of one sweep, saving the JSON (and handing it to ``on_result``) after every record."""
 
-    def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+                 on_result: OnResult | None = None):
         self.cfg = cfg
         self.env = new_envelope(cfg)
         self.on_record = on_record
-        self.engine = None
-        if cfg.store:
-            from hylo_bench.reports.store import open_store
-
-            self.engine = open_store(cfg.db)
+        self.on_result = on_result
 
     def save(self) -> None:
         atomic_write_json(self.cfg.out, self.env)
-        if self.engine is not None:
-            from hylo_bench.reports.ingest import parse_object
-            from hylo_bench.reports.store import save_runs
-
-            save_runs(self.engine, [parse_object(self.env, str(self.cfg.out))])
+        if self.on_result is not None:
+            self.on_result(self.env, self.cfg.out)
 
     def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid") -> dict[str, Any]:
         c = self.cfg
@@ -240,15 +210,18 @@ class SweepRun:
         return lo
 
 
-def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run the sweep; returns the results envelope (also written to ``cfg.out`` and the store).
+def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+        on_result: OnResult | None = None) -> dict[str, Any]:
+    """Run the sweep; returns the results envelope (also written to ``cfg.out``).
+
+    ``on_record(record)`` is called with every record as it is added, ``on_result(envelope, cfg.out)`` after every
+    rewrite of the JSON (the CLI: the results store); None writes the JSON alone.
 
     Raises:
         ValueError: a bad backend / baseline (before any point runs).
     """
-    check_backend(cfg.backend)
     baseline = resolve_baseline(cfg.model, cfg.baseline)
-    sweep = SweepRun(cfg, on_record)
+    sweep = SweepRun(cfg, on_record, on_result)
     sweep.save()
     series = [("model", cfg.model)] + ([("baseline", baseline)] if baseline else [])
     for name, spec_model in series:
@@ -289,12 +262,12 @@ def format_record(rec: dict[str, Any]) -> str:
             f"peak {f('peak_memory_gib', '.2f')} GiB (model {f('kv_model_gib', '.2f')} GiB)")
 
 
-def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
-    """``runner(cfg, on_record)`` with a rich progress bar over the grid points and one line per record."""
+def run_with_progress(cfg: SweepConfig, console, runner=run, on_result: OnResult | None = None) -> dict[str, Any]:
+    """``runner(cfg, on_record, on_result)`` with a rich progress bar over the grid points and one line per
+    record."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    check_backend(cfg.backend)  # fail before the progress bar appears
-    resolve_baseline(cfg.model, cfg.baseline)
+    resolve_baseline(cfg.model, cfg.baseline)  # fail before the progress bar appears
     with Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("points", total=points_total(cfg))
@@ -304,4 +277,4 @@ def run_with_progress(cfg: SweepConfig, console, runner=run) -> dict[str, Any]:
             if rec.get("point") == "grid":
                 progress.advance(task)
 
-        return runner(cfg, on_record)
+        return runner(cfg, on_record, on_result)

@@ -25,7 +25,7 @@ def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> di
     """``hylo-bench kv`` memory-model predictions (GiB) for bf16 weights and caches."""
     import torch
 
-    from hylo_bench.serving import memory as M
+    from hylo_bench.models import memory as M
 
     n = sum(p.numel() for p in model.parameters())
     n_fp32 = sum(p.numel() for p in model.parameters() if p.dtype == torch.float32)
@@ -50,48 +50,48 @@ def _hf_generate_timed(model, ids, steps: int):
     one forward per token with the model's own cache. Returns (tokens [B, steps], Timings)."""
     import torch
 
-    from hylo_bench.serving.engine import Timings, _peak_gib, _sync
+    from hylo_bench.decode.engine import Timings, peak_gib, sync_device
 
     dev = ids.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     with torch.inference_mode():
-        _sync(dev)
+        sync_device(dev)
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
         tok = out.logits[:, -1].argmax(-1)
-        _sync(dev)
+        sync_device(dev)
         ttft = time.perf_counter() - t0
-        prefill_peak = _peak_gib(dev)
+        prefill_peak = peak_gib(dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         cache, toks, steps_s = out.past_key_values, [tok], []
         for _ in range(steps - 1):
-            _sync(dev)
+            sync_device(dev)
             s0 = time.perf_counter()
             out = model(input_ids=tok[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1)
-            _sync(dev)
+            sync_device(dev)
             steps_s.append(time.perf_counter() - s0)
             toks.append(tok)
     return torch.stack(toks, 1).cpu(), Timings(batch_size=ids.shape[0], prompt_tokens=ids.shape[1], new_tokens=steps,
                                                ttft_s=ttft, decode_step_s=steps_s, prefill_peak_gib=prefill_peak,
-                                               decode_peak_gib=_peak_gib(dev))
+                                               decode_peak_gib=peak_gib(dev))
 
 
 def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
 
     Spec keys: ``model`` (see :func:`hylo_bench.serving.build.build_model`), ``backend`` ("native" | "hf"),
-    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional), ``device``, ``dtype``,
+    ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional),
+    ``device``, ``dtype``,
     ``warmup`` (bool), ``seed``.
     """
     import torch
 
-    from hylo_bench.generate import parse_dtype
-    from hylo_bench.models.loading import default_device, default_dtype
+    from hylo_bench.config.device import default_device, default_dtype, parse_dtype
+    from hylo_bench.decode.engine import make_engine
     from hylo_bench.serving.build import build_model
-    from hylo_bench.serving.engine import make_engine
 
     device = spec.get("device") or default_device()
     dtype = parse_dtype(spec.get("dtype")) or default_dtype(device)

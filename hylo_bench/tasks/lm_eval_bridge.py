@@ -35,7 +35,10 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import hylo_bench
-from hylo_bench.io_utils import atomic_write_json, check_output_path, git_sha
+from hylo_bench.config.device import parse_dtype
+from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
+from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha, utc_now
+from hylo_bench.tasks.provenance import software_versions, tokenizer_hash
 from hylo_bench.tasks.workers import launched_world_size, run_workers
 
 logger = logging.getLogger(__name__)
@@ -54,25 +57,6 @@ DEFAULT_MAX_LENGTH = None
 """``max_length`` default: None = the model's own context, resolved as lm-eval's ``hf`` model does
 (``lm_eval.models.utils.resolve_max_length``: the config's ``max_position_embeddings`` / ``n_positions`` /
 ``n_ctx``, then the tokenizer's ``model_max_length``, then 2048)."""
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
-
-
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``None``/``"auto"`` -> None (``load_model``'s default: bf16 on GPU, fp32 on CPU); a name -> torch dtype.
-
-    Raises:
-        ValueError: unknown name (lists the accepted ones).
-    """
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype: expected auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
 @register_model("hylo")
 class HyLoLM(HFLM):
     """lm-eval model ``hylo``: HFLM around a model loaded with :func:`hylo_bench.models.loading.load_model`.
@@ -97,7 +81,7 @@ class HyLoLM(HFLM):
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
             (the serving engine, one prompt at a time: prefill in chunks, CUDA-graph decode; much faster per token
             than ``generate`` for a HyLo model on CUDA) or ``auto`` (native for a HyLo model on CUDA,
-            generate otherwise; :func:`hylo_bench.tasks.ruler.decoding.resolve_engine`). Sampling requests always
+            generate otherwise; :func:`hylo_bench.decode.greedy.resolve_engine`). Sampling requests always
             use ``generate``.
         **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
 
@@ -111,8 +95,8 @@ class HyLoLM(HFLM):
                  max_length: int | None = DEFAULT_MAX_LENGTH, max_gen_toks: int = 256,
                  add_bos_token: bool | None = None,
                  engine: str = "auto", **kwargs: Any) -> None:
+        from hylo_bench.decode.greedy import ENGINES
         from hylo_bench.models.loading import layout_name, load_model
-        from hylo_bench.tasks.ruler.decoding import ENGINES
 
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
@@ -155,7 +139,7 @@ class HyLoLM(HFLM):
             # loading default) would only add a false "indexing errors" warning for longer documents
             self.tokenizer.model_max_length = max(int(self.max_length),
                                                   int(getattr(self.tokenizer, "model_max_length", 0) or 0))
-        from hylo_bench.tasks.ruler.decoding import resolve_engine
+        from hylo_bench.decode.greedy import resolve_engine
 
         self.engine = resolve_engine(self.model, engine)
         self._native: Any = None  # NativeDecoder, built on the first native generation
@@ -256,7 +240,7 @@ class HyLoLM(HFLM):
             [B, T_ctx + n] int64 on ``context``'s device: the context rows, then each continuation right-padded
             with ``pad_token_id`` to the longest (HFLM keeps ``[T_ctx:]`` and cuts at the stop strings).
         """
-        from hylo_bench.tasks.ruler.decoding import NativeDecoder
+        from hylo_bench.decode.greedy import NativeDecoder
 
         if self._native is None:
             self._native = NativeDecoder(self.model, self.tokenizer)
@@ -318,7 +302,7 @@ class EvalConfig:
         model: model spec for ``load_model`` (``demo``, a local directory or a hub id).
         tasks: lm-eval task names, e.g. ``list(PAPER_TASKS)``.
         output_dir: results folder: ``eval-<model>-<stamp>.json`` (our summary), ``lm-eval/<model>/results_*.json``
-            and ``samples_*.jsonl`` (lm-eval's own files); the results store defaults to
+            and ``samples_*.jsonl`` (lm-eval's own files); ``hylo-bench eval``'s results store defaults to
             ``output_dir/hylo_bench.sqlite`` ($HYLO_BENCH_DB overrides).
         num_fewshot: shots for every task; 0 is the paper's protocol (GSM8K's YAML default is 5).
         limit: first N docs per task (int) or a fraction (float < 1); None = all.
@@ -330,7 +314,6 @@ class EvalConfig:
         dtype: ``auto`` or a dtype name.
         seed: lm-eval's ``random_seed``; numpy/torch/fewshot seeds stay at lm-eval's 1234.
         log_samples: also write lm-eval's per-sample JSONL files.
-        write_store: add the lm-eval results file to the results store.
         engine: ``generate_until`` engine of ``HyLoLM`` (``auto`` | ``generate`` | ``native``).
         devices: worker processes (one per GPU, ``cuda:0..N-1``; all on CPU with ``device="cpu"``); lm-eval shards
             the requests over them and rank 0 gathers and saves. Under ``torchrun`` the launched processes are the
@@ -350,12 +333,11 @@ class EvalConfig:
     dtype: str = "auto"
     seed: int = 0
     log_samples: bool = True
-    write_store: bool = True
     engine: str = "auto"
     devices: int = 1
 
     def __post_init__(self) -> None:
-        from hylo_bench.tasks.ruler.decoding import ENGINES
+        from hylo_bench.decode.greedy import ENGINES
 
         if self.engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {self.engine!r}")
@@ -463,8 +445,6 @@ def scores_from_results(results: dict) -> dict[str, dict[str, float]]:
     Keys: ``acc``, ``acc_norm`` (filter ``none`` dropped), ``exact_match,strict-match``,
     ``exact_match,flexible-extract``; stderr entries are left out (they stay in lm-eval's file).
     """
-    from hylo_bench.reports.ingest import LM_EVAL_PERCENT_METRICS
-
     scores: dict[str, dict[str, float]] = {}
     for task, res in results["results"].items():
         for key, value in res.items():
@@ -481,7 +461,7 @@ def evaluate_lm(lm: Any, cfg: EvalConfig, task_manager: Any = None) -> dict:
 
     Args:
         lm: an ``lm_eval.api.model.LM`` (usually ``HyLoLM``).
-        cfg: run configuration (``model``, ``output_dir`` and ``write_store`` are not used here).
+        cfg: run configuration (``model`` and ``output_dir`` are not used here).
         task_manager: a ready ``TaskManager``; default: local YAMLs for ``cfg.data_dir``, else lm-eval's.
 
     Returns:
@@ -560,12 +540,9 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
     path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}.json", 1
     while path.exists():
         path, k = out / f"eval-{_safe(str(cfg.model))}-{stamp}-{k}.json", k + 1
-    from hylo_bench.tasks.ruler.cache import tokenizer_hash
-    from hylo_bench.tasks.ruler.runner import software_versions
-
     atomic_write_json(path, {
         "kind": "lm-eval-summary", "hylo_bench_version": hylo_bench.__version__, "git_sha": git_sha(),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.model_info,
+        "created_utc": utc_now(), "model": lm.model_info,
         "config": cfg.to_dict(),
         "provenance": {**software_versions(), "lm_eval_version": res.get("lm_eval_version"),
                        "tokenizer_hash": tokenizer_hash(lm.tokenizer), "device": str(lm.device),
@@ -578,19 +555,14 @@ def _save(res: dict, lm: HyLoLM, cfg: EvalConfig) -> tuple[Path, Path]:
     return lm_eval_path, path
 
 
-def _record_in_store(lm_eval_path: Path, cfg: EvalConfig) -> None:
-    """Add lm-eval's results file to the results store; a failure is logged (``hylo-bench import`` adds it later)."""
-    from hylo_bench.reports import store
-
-    store.record(lm_eval_path, results_dir=cfg.output_dir)
-
-
-def run(cfg: EvalConfig) -> dict | None:
+def run(cfg: EvalConfig, on_result: OnResult | None = None) -> dict | None:
     """Load ``cfg.model`` as ``HyLoLM``, evaluate ``cfg.tasks``, save every result file.
 
     With ``cfg.devices`` > 1, or under ``torchrun``, each worker process loads the model on its own device and
     evaluates its share of the requests (lm-eval's data parallelism); rank 0 gathers, scores and saves. Scores
-    equal a one-process run's (tested on CPU).
+    equal a one-process run's (tested on CPU). ``on_result(results, path)`` is called on rank 0 with lm-eval's
+    results object once its file is written (the CLI: the results store; it must pickle to reach spawned
+    workers); None writes the files alone.
 
     Returns:
         ``{"model": name, "scores": {task: {metric: value 0-100}}, "n_samples": {task: n}, "num_fewshot": {task: k},
@@ -604,12 +576,13 @@ def run(cfg: EvalConfig) -> dict | None:
         torch.multiprocessing.ProcessRaisedException: a spawned worker failed (its traceback is in the message).
     """
     if cfg.devices == 1 and launched_world_size() == 1:
-        return _evaluate_and_save(cfg, cfg.device)
-    return run_workers(functools.partial(_evaluate_and_save_worker, cfg), cfg.devices, cfg.device)
+        return _evaluate_and_save(cfg, cfg.device, on_result)
+    return run_workers(functools.partial(_evaluate_and_save_worker, cfg, on_result), cfg.devices, cfg.device)
 
 
-def _evaluate_and_save_worker(cfg: EvalConfig, device: str, rank: int, world_size: int) -> dict | None:
-    return _evaluate_and_save(cfg, device)  # HyLoLM reads rank and world size from the process group
+def _evaluate_and_save_worker(cfg: EvalConfig, on_result: OnResult | None, device: str, rank: int,
+                              world_size: int) -> dict | None:
+    return _evaluate_and_save(cfg, device, on_result)  # HyLoLM reads rank and world size from the process group
 
 
 def check_tasks(cfg: EvalConfig) -> Any:
@@ -655,7 +628,7 @@ def _lm_eval_version() -> str:
     return importlib.metadata.version("lm_eval")
 
 
-def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:
+def _evaluate_and_save(cfg: EvalConfig, device: str | None, on_result: OnResult | None = None) -> dict | None:
     manager = check_tasks(cfg)
     lm = HyLoLM(pretrained=cfg.model, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size,
                 max_batch_size=cfg.max_batch_size, max_length=cfg.max_length, engine=cfg.engine)
@@ -668,8 +641,8 @@ def _evaluate_and_save(cfg: EvalConfig, device: str | None) -> dict | None:
     if res is None:  # lm-eval returns the results on rank 0 only
         return None
     lm_eval_path, path = _save(res, lm, cfg)
-    if cfg.write_store:
-        _record_in_store(lm_eval_path, cfg)
+    if on_result is not None:
+        on_result(json.loads(lm_eval_path.read_text(encoding="utf-8")), lm_eval_path)
     return {"model": lm.model_info["name"], "scores": scores_from_results(res),
             "n_samples": {t: v.get("effective") for t, v in res.get("n-samples", {}).items()},
             "num_fewshot": dict(res.get("n-shot", {})), "results_path": str(path),

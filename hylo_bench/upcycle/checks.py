@@ -13,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hylo_bench.config.hybrid import read_hf_config
 from hylo_bench.io_utils import check_output_path, check_utf8_file, read_text_utf8
-from hylo_bench.models.spec import read_hf_config
 
 DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|meta)(:\d+)?")
 AUTO_PREFIX = "auto:"  # as hylo_bench.upcycle.select.AUTO_PREFIX (that module imports torch)
@@ -117,7 +117,7 @@ def check_data(data: str) -> None:
     if data == "demo":
         return
     if isinstance(data, dict):  # a recipe's inline mixture
-        from hylo_bench.upcycle.mixture import parse_mixture
+        from hylo_bench.config.mixture import parse_mixture
 
         parse_mixture(data.get("mixture"), f"{data.get('source')}: data")
         return
@@ -135,7 +135,7 @@ def check_data(data: str) -> None:
             raise ValueError(f"--data {p}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(raw, dict) or not isinstance(raw.get("sources"), list) or not raw["sources"]:
             raise ValueError(f"--data {p}: expected a mapping with a non-empty 'sources' list (see "
-                             f"hylo_bench/upcycle/mixture.py for the format)")
+                             f"hylo_bench/config/mixture.py for the format)")
         return
     files = sorted(f for f in p.rglob("*") if f.suffix in DATA_SUFFIXES) if p.is_dir() else [p]
     if p.is_dir() and not files:
@@ -161,9 +161,9 @@ def check_layout(cfg: Any, n_layer: int | None) -> None:
     """``--layout`` / ``--mla-layers`` against the base model's layer count (when known).
 
     Raises:
-        ValueError: both given, a malformed layout, indices out of range or repeated, Mamba-2 when not built.
+        ValueError: both given, a malformed layout, indices out of range or repeated.
     """
-    from hylo_bench.models.spec import parse_layout
+    from hylo_bench.config.hybrid import parse_layout
 
     layout = cfg.layout.strip() if isinstance(cfg.layout, str) else cfg.layout
     auto = layout[len(AUTO_PREFIX):].strip() if layout and layout.lower().startswith(AUTO_PREFIX) else None
@@ -179,8 +179,6 @@ def check_layout(cfg: Any, n_layer: int | None) -> None:
                              + (" (after 'auto:')" if auto is not None else ""))
         if n_layer is not None:
             parse_layout(name, n_layer)
-        if m.group(3).upper() == "M2":
-            _check_mamba(name)
         return
     if cfg.mla_layers is not None:
         bad = [i for i in cfg.mla_layers if not isinstance(i, int) or i < 0 or (n_layer is not None and i >= n_layer)]
@@ -189,20 +187,10 @@ def check_layout(cfg: Any, n_layer: int | None) -> None:
             raise ValueError(f"--mla-layers {cfg.mla_layers}: expected distinct indices in {where}")
         if cfg.linear_type not in ("gdn", "mamba"):
             raise ValueError(f"linear_type {cfg.linear_type!r}: expected 'gdn' or 'mamba'")
-        if cfg.linear_type == "mamba":
-            _check_mamba("M2 layers")
-
-
-def _check_mamba(layout: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("hylo_bench.models.mamba2") is None:
-        raise ValueError(f"layout {layout}: Mamba-2 (M2) layers are not implemented in this build yet; use a GDN "
-                         f"layout or recipe")
 
 
 def check_upcycle_config(cfg: Any) -> None:
-    """Every setting of an :class:`~hylo_bench.upcycle.run.UpcycleConfig`, torch-free (see the module docstring).
+    """Every setting of an :class:`~hylo_bench.config.upcycle.UpcycleConfig`, torch-free (see the module docstring).
 
     Raises:
         ValueError / FileNotFoundError: the first bad path, or every bad number at once, with the flag named.
@@ -233,9 +221,6 @@ def check_upcycle_config(cfg: Any) -> None:
         raise ValueError("; ".join(problems))
     parse_stages(cfg.stages, cfg.tokens_per_stage)
     check_out_dir(Path(cfg.out).expanduser(), getattr(cfg, "overwrite", False))
-    check_output_path(cfg.results_dir, "--results-dir", is_dir=True)
-    if cfg.db is not None and "://" not in str(cfg.db):
-        check_output_path(cfg.db, "--db", is_dir=False)
     base = check_model_spec(cfg.base, "--base")
     teacher = base if cfg.teacher in (None, cfg.base) else check_model_spec(cfg.teacher, "--teacher")
     if base is not None and teacher is not None and base.get("vocab_size") != teacher.get("vocab_size"):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hylo_bench.io_utils import atomic_write_json
+from hylo_bench.upcycle.documents import split_documents
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ def load_eval_texts(path: str | Path) -> list[tuple[str, str, str]]:
         FileNotFoundError: ``path`` does not exist.
         ValueError: a bad JSON line (file and line named), an unsupported single file, or no evaluation text.
     """
-    from hylo_bench.upcycle.data import split_documents
-
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"--decontam {p}: no such file or directory; expected DIR/<task>/<split>.jsonl "

@@ -20,8 +20,9 @@ What it writes into ``OUT`` (every row a conversation ``{"messages": [...], "kin
 
 Seeds: every draw comes from ``random.Random("make-data:<seed>:<kind>:<L>:<i>")``, string seeds, so no stream
 coincides with RULER's integer per-sample seeds. Decontamination: the RULER samples of the evaluation plan
-(tasks x lengths x samples at RULER's seed) are generated (and cached where ``ruler`` reads them); a sample
-overlaps when one training row placed every one of its gold answers (codes, chain ends, keys, defined words); the
+(tasks x lengths x samples at RULER's seed) come from the ``ruler_samples`` callable the caller hands in
+(``hylo-bench make-data``: RULER's own sample generator, cached where ``ruler`` reads them); a sample overlaps when
+one training row placed every one of its gold answers (codes, chain ends, keys, defined words); the
 report lists overlaps (expected none) and the word 13-grams shared between RULER's non-haystack prompt text and
 the rows' questions.
 """
@@ -38,6 +39,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
+
+RulerSamples = Callable[..., list[dict]]
+"""``ruler_samples(task, tokenizer, length_tokens, num_samples, *, seed, haystack_text, cache_dir, on_sample)``:
+RULER's samples ``0 .. num_samples - 1`` of (task, length) as ``hylo-bench ruler`` draws them without a chat
+template (dicts with ``index``, ``input`` and the gold ``outputs``); raises ValueError when the task cannot be
+sized at that length. ``hylo-bench make-data`` passes ``tasks.ruler.cache.decontamination_samples``."""
 
 MANIFEST = "manifest.json"
 LENGTH_SLACK = 0.03  # long rows land in [0.97 L, L] tokens
@@ -64,6 +71,7 @@ class MakeDataConfig:
     ruler_tasks: list[str] = field(default_factory=lambda: list(RULER_SYNTHETIC))
     ruler_lengths: list[int] | None = None  # default: ``lengths``
     ruler_samples: int = 50
+    ruler_seed: int = 42  # RULER's default seed: the samples `hylo-bench ruler` scores
     ruler_results_dir: str | None = None  # where ``ruler --results-dir`` will read its sample cache (default OUT)
     overwrite: bool = False
 
@@ -87,7 +95,7 @@ def read_passages(paths: list[str]) -> list[tuple[str, str]]:
     Raises:
         FileNotFoundError: a missing path. ValueError: no text.
     """
-    from hylo_bench.upcycle.data import load_documents_with_ids, shipped_text_path
+    from hylo_bench.upcycle.documents import load_documents_with_ids, shipped_text_path
 
     docs = []
     for p in paths or [str(shipped_text_path())]:
@@ -152,7 +160,7 @@ def instruction_prompts(passages: list[tuple[str, str]], n: int, seed: int) -> l
 def teacher_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                     on_batch: Callable[[int], None] | None = None) -> list[str]:
     """Greedy answers of a chat model to user prompts (chat template with the generation prompt, batched)."""
-    from hylo_bench.tasks.ruler.decoding import generate_batch
+    from hylo_bench.decode.greedy import generate_batch
 
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                          tokenize=False) for p in prompts]
@@ -182,7 +190,7 @@ def _code(rng: random.Random) -> str:
 
 
 def _key(rng: random.Random) -> str:
-    from hylo_bench.tasks.ruler.haystack import random_word
+    from hylo_bench.text.haystack import random_word
 
     return random_word(rng).replace("-", " ")
 
@@ -339,10 +347,10 @@ def _ngrams(text: str, n: int = 13) -> set[tuple[str, ...]]:
 
 
 def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, haystack_text: str,
-                          cache_dir: Path, on_sample: Callable[[], None] | None = None) -> dict:
-    """The report described in the module docstring. ``rows``: every written row (with ``placed`` values)."""
-    from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
-    from hylo_bench.tasks.ruler.sampling import PromptTooLongError
+                          cache_dir: Path, ruler_samples: RulerSamples,
+                          on_sample: Callable[[], None] | None = None) -> dict:
+    """The report described in the module docstring. ``rows``: every written row (with ``placed`` values);
+    ``ruler_samples``: the RULER sample source (:data:`RulerSamples`)."""
 
     def norm(v: Any) -> str:  # RULER keys are "adjective-noun", ours "adjective noun"
         return str(v).lower().replace("-", " ").strip()
@@ -355,15 +363,13 @@ def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, hays
     questions = [r["messages"][0]["content"].rsplit("Question:", 1)[-1] for r in rows if r.get("kind") in LONG_KINDS]
     row_grams = set().union(*(_ngrams(q) for q in questions)) if questions else set()
     hay_grams = _ngrams(haystack_text)
-    tok_hash = tokenizer_hash(tokenizer)
     checked, overlaps, gram_hits, skipped, single_hits = 0, [], 0, [], {}
     for length in cfg.ruler_lengths or cfg.lengths:
         for task in cfg.ruler_tasks:
             try:
-                samples = load_or_generate(task, tokenizer, length, cfg.ruler_samples, seed=42,
-                                           haystack_text=haystack_text, chat_template=False, cache_dir=cache_dir,
-                                           tok_hash=tok_hash, on_sample=on_sample)
-            except (ValueError, PromptTooLongError) as e:
+                samples = ruler_samples(task, tokenizer, length, cfg.ruler_samples, seed=cfg.ruler_seed,
+                                        haystack_text=haystack_text, cache_dir=cache_dir, on_sample=on_sample)
+            except ValueError as e:
                 skipped.append({"task": task, "length": length, "reason": str(e)[:200]})
                 continue
             for s in samples:
@@ -376,7 +382,8 @@ def ruler_decontamination(rows: list[dict], cfg: MakeDataConfig, tokenizer, hays
                     overlaps.append({"task": task, "length": length, "index": s["index"], "golds": s["outputs"],
                                      "rows": sorted(holders)[:5]})
                 gram_hits += len((_ngrams(s["input"]) - hay_grams) & row_grams)
-    return {"ruler_seed": 42, "tasks": list(cfg.ruler_tasks), "lengths": list(cfg.ruler_lengths or cfg.lengths),
+    return {"ruler_seed": cfg.ruler_seed, "tasks": list(cfg.ruler_tasks),
+            "lengths": list(cfg.ruler_lengths or cfg.lengths),
             "samples_per_task": cfg.ruler_samples, "ruler_samples_checked": checked,
             "placed_values": len(placed), "gold_overlaps": overlaps, "num_gold_overlaps": len(overlaps),
             "shared_13grams_outside_haystack": gram_hits, "skipped": skipped,
@@ -415,7 +422,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def mixture_spec(lengths: list[int], seed: int) -> dict:
     """``mixture.yaml``: instructions in every stage, ``long-<L>`` only in stages of length L."""
-    from hylo_bench.upcycle.stages import format_length
+    from hylo_bench.config.units import format_length
 
     sources = [{"name": "instructions", "path": "instructions.jsonl", "weight": 1.0, "format": "chat"}]
     sources += [{"name": f"long-{format_length(L)}", "path": f"long-{format_length(L)}.jsonl", "weight": 1.0,
@@ -423,11 +430,14 @@ def mixture_spec(lengths: list[int], seed: int) -> dict:
     return {"seed": seed, "sources": sources}
 
 
-def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int], None]] | None = None) -> dict:
+def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int], None]] | None = None,
+              ruler_samples: RulerSamples | None = None) -> dict:
     """Write the mixture (module docstring); returns the manifest.
 
     Args:
         progress: ``progress(description, total) -> advance(n)`` for a progress bar (None: silent).
+        ruler_samples: the RULER sample source of the decontamination check (:data:`RulerSamples`); None skips
+            the check (``decontamination.json`` says so).
 
     Raises:
         ValueError / FileNotFoundError: bad settings, an output folder with foreign files, a teacher without a
@@ -435,9 +445,9 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
     """
     import yaml
 
+    from hylo_bench.config.units import format_length
     from hylo_bench.io_utils import atomic_write_json, atomic_write_text
     from hylo_bench.models.loading import load_model
-    from hylo_bench.upcycle.stages import format_length
 
     out = Path(cfg.out)
     check_out_dir(out, cfg.overwrite)
@@ -479,13 +489,18 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
         all_rows += rows
     atomic_write_text(out / "mixture.yaml", "# hylo-bench make-data: upcycle --data this file\n"
                       + yaml.safe_dump(mixture_spec(cfg.lengths, cfg.seed), sort_keys=False))
-    from hylo_bench.tasks.ruler.haystack import default_haystack_text
+    from hylo_bench.text.haystack import default_haystack_text
 
     ruler_dir = Path(cfg.ruler_results_dir or out) / "cache"
-    n_ruler = len(cfg.ruler_tasks) * len(cfg.ruler_lengths or cfg.lengths) * cfg.ruler_samples
-    advance = progress("RULER samples (decontamination)", n_ruler) if progress else noop
-    report = ruler_decontamination(all_rows, cfg, tokenizer, default_haystack_text(), ruler_dir,
-                                   on_sample=lambda: advance(1))
+    if ruler_samples is None:
+        report = {"ruler_seed": cfg.ruler_seed, "tasks": list(cfg.ruler_tasks), "ruler_samples_checked": 0,
+                  "num_gold_overlaps": 0, "shared_13grams_outside_haystack": 0,
+                  "note": "not checked: no RULER sample source was given (make_data(..., ruler_samples=...))"}
+    else:
+        n_ruler = len(cfg.ruler_tasks) * len(cfg.ruler_lengths or cfg.lengths) * cfg.ruler_samples
+        advance = progress("RULER samples (decontamination)", n_ruler) if progress else noop
+        report = ruler_decontamination(all_rows, cfg, tokenizer, default_haystack_text(), ruler_dir, ruler_samples,
+                                       on_sample=lambda: advance(1))
     atomic_write_json(out / "decontamination.json", report)
     manifest = {"kind": "make-data", "config": cfg.to_dict(), "teacher": info, "rows": counts,
                 "tokens": {f"long-{format_length(L)}": sum(r.get("tokens", 0) for r in all_rows

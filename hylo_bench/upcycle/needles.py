@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hylo_bench.tasks.ruler.haystack import NEEDLE, NOISE_LINE, essay_words, random_number, random_word, split_sentences
+from hylo_bench.text.haystack import NEEDLE, NOISE_LINE, essay_words, random_number, random_word, split_sentences
 
 INTRO = ("A special magic number is hidden within the following text. Make sure to memorize it. "
          "I will quiz you about the number afterwards.\n")

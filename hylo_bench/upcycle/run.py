@@ -23,16 +23,15 @@ stage (same files as a single-process run), and ``OUT`` must be on a filesystem 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hylo_bench import __version__
-from hylo_bench.io_utils import atomic_write_json, fault_point, git_sha, weights_sha256
-from hylo_bench.models.spec import default_mla_layers, parse_layout
+from hylo_bench.config.hybrid import default_mla_layers, parse_layout
+from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, check_linear_type, validate_config
+from hylo_bench.io_utils import OnResult, atomic_write_json, fault_point, git_sha, utc_now, weights_sha256
 from hylo_bench.upcycle.checks import check_upcycle_config
 from hylo_bench.upcycle.decontam import REPORT_FILE as DECONTAM_FILE
 from hylo_bench.upcycle.stages import Stage, parse_stages
@@ -44,116 +43,10 @@ if TYPE_CHECKING:  # torch and the training modules load in run(), after the set
 
 logger = logging.getLogger(__name__)
 
-DEMO_STAGES = "1k:ild@750k,1k@250k"  # about 5 minutes on 2 CPU cores
-DEMO_ILD_LR, DEMO_KD_LR = 4e-3, 3e-4
-"""Demo defaults (tiny 1.6M-parameter teacher, 1K windows). Chosen by a sweep on the H200 (student RULER at 1K,
-20 samples per task): ILD carries the teacher's retrieval into the MLA layers (750K ILD tokens at 4e-3: 100 /
-100 / 60 on niah_single_1 / niah_single_2 / niah_multikey_1), while KD at 1e-3 or more erased it (0-30 on
-niah_single_1 after ILD); a short KD at 3e-4 keeps it and lowers the KL."""
-
-
-@dataclass(kw_only=True, slots=True)
-class UpcycleConfig:
-    """Settings of one upcycling run (CLI flags map 1:1 onto these fields)."""
-
-    out: str
-    base: str = "demo"
-    teacher: str | None = None
-    layout: str | None = None  # "7MLA21GDN", or "auto:7MLA21GDN" to place the MLA layers by score (select.py)
-    mla_layers: list[int] | None = None
-    linear_type: str = "gdn"  # of the layers not in mla_layers (a --layout name carries its own)
-    recipe: str | None = None  # the --recipe this config was resolved from (recorded in the manifest)
-    # "demo", a path (.txt / .jsonl / .parquet / folder / mixture .yaml), or a recipe's inline mixture
-    # {"source": recipe file, "mixture": {...}} (its ``data:`` block)
-    data: Any = "demo"
-    stages: str = DEMO_STAGES
-    tokens_per_stage: int = 1_000_000
-    batch_size: int = 4
-    batch_tokens: int | None = None  # tokens per micro-batch: each stage's batch = batch_tokens // its length
-    grad_accum: int = 1
-    ild_lr: float = 2e-4
-    kd_lr: float = 6e-5
-    temperature: float = 1.0
-    kl_chunk_size: int = 2048
-    eval_windows: int = 8
-    select_windows: int = 8  # calibration windows for --layout auto:... (from --data)
-    peak_tflops: float | None = None  # device peak for MFU in train_log.jsonl (default: known GPUs' dense bf16 peak)
-    tensorboard: bool = True  # OUT/tb/ events when the tensorboard package is installed
-    decontam: list[str] = field(default_factory=list)  # eval sets to decontaminate against (decontam.py)
-    # packed documents keep their boundaries (no attention / recurrent state across them; packing.py) in
-    # "kd" stages only, "all" stages (ILD too) or "off" (plain causal windows, Zebra-Llama's packing).
-    # None: "kd", except "off" for --data demo, whose text documents are paragraphs of one book (splitting them
-    # would shorten every training context; the demo's settings were tuned on plain windows).
-    doc_boundaries: str | None = None
-    save_every: int = 50
-    device: str | None = None
-    seed: int = 42
-    save_stage_checkpoints: bool = True
-    gradient_checkpointing: bool = False
-    compile: bool = False  # torch.compile each decoder layer of student and teacher (train/compile.py)
-    mixer_overrides: dict = field(default_factory=dict)
-    kl_tokens: str = "all"  # KD positions that count: "all", or "assistant" (the next token is an assistant token)
-    chat_template: str | None = None  # renders conversational data (None: the base tokenizer's; a recipe's)
-    allow_demo_data: bool = False  # --data demo with a base other than the demo teacher (refused otherwise)
-    init: str = "svd"  # student mixers: "svd" (from the attention weights, paper §3.1) or "random" (fresh init)
-    init_from: str | None = None  # start from this HyLo checkpoint (e.g. a shared ILD run) instead of the init
-    results_dir: str = "hylo-results"  # the default results store lives here (RESULTS_DIR/hylo_bench.sqlite)
-    db: str | None = None  # results store path / URL (else $HYLO_BENCH_DB, else the one in results_dir)
-    overwrite: bool = False  # write into an --out that holds files this run did not write (checks.check_out_dir)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def doc_boundaries_mode(self) -> str:
-        """The packing mode this run uses (``doc_boundaries`` with its data-dependent default resolved)."""
-        return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
-
-
 def stage_batch_size(cfg: UpcycleConfig, seq_len: int) -> int:
     """Sequences per micro-batch of a stage: ``batch_tokens // seq_len`` (at least 1) when ``batch_tokens`` is
     set, so stages of different lengths take the same tokens per step; else ``batch_size``."""
     return max(1, cfg.batch_tokens // seq_len) if cfg.batch_tokens else cfg.batch_size
-
-
-KL_TOKENS = ("all", "assistant")
-INITS = ("svd", "random")
-
-
-def validate_config(cfg: UpcycleConfig) -> None:
-    """Checks that need no model: fail before anything is loaded.
-
-    Raises:
-        ValueError: an unknown ``--kl-tokens`` / ``--init`` / ``--doc-boundaries``, ``--init-from`` together with
-            a layout or ``--init``.
-    """
-    if cfg.kl_tokens not in KL_TOKENS:
-        raise ValueError(f"--kl-tokens {cfg.kl_tokens!r}: expected one of {', '.join(KL_TOKENS)}")
-    if cfg.init not in INITS:
-        raise ValueError(f"--init {cfg.init!r}: expected one of {', '.join(INITS)}")
-    if cfg.doc_boundaries_mode() not in DOC_BOUNDARIES:
-        raise ValueError(f"--doc-boundaries {cfg.doc_boundaries!r}: expected one of {', '.join(DOC_BOUNDARIES)}")
-    if cfg.batch_tokens is not None and cfg.batch_tokens < 1:
-        raise ValueError(f"--batch-tokens {cfg.batch_tokens}: expected a positive token count")
-    if cfg.init_from is not None:
-        if cfg.layout is not None or cfg.mla_layers is not None:
-            raise ValueError(f"--init-from {cfg.init_from}: the layout comes from that checkpoint; drop --layout / "
-                             f"--mla-layers")
-        if cfg.init != "svd":
-            raise ValueError(f"--init-from {cfg.init_from}: starts from trained weights; drop --init {cfg.init}")
-
-
-def check_demo_data(cfg: UpcycleConfig) -> None:
-    """Refuse the demo text for a real base unless asked for: checked after every path and number, so a run with
-    a wrong flag hears about that flag first.
-
-    Raises:
-        ValueError: ``--data demo`` with a base other than the demo teacher and no ``allow_demo_data``.
-    """
-    if cfg.data == "demo" and cfg.base != "demo" and not cfg.allow_demo_data:
-        raise ValueError(f"--data demo distils --base {cfg.base} on the shipped demo text (one small book and "
-                         f"synthetic retrieval rows), which is not a real run: pass --data PATH (a .jsonl / .parquet "
-                         f"/ .txt file or folder, a mixture .yaml, or `hylo-bench make-data` output) or a --recipe "
-                         f"with data, or add --allow-demo-data to use the demo text anyway")
 
 
 def embeddings_note(base_config) -> dict:
@@ -163,10 +56,6 @@ def embeddings_note(base_config) -> dict:
     return {"base_tied": tied, "lm_head": "untied",
             "note": "lm_head initialised as a copy of the base's tied embedding, then trained untied" if tied
             else "lm_head copied from the base's lm_head"}
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
@@ -182,14 +71,11 @@ def resolve_layout(cfg: UpcycleConfig, n_layer: int) -> tuple[list[int], str]:
         if bad or len(set(cfg.mla_layers)) != len(cfg.mla_layers):
             raise ValueError(f"--mla-layers {cfg.mla_layers}: expected distinct indices in [0, {n_layer}) for this "
                              f"{n_layer}-layer base model")
-        _check_linear_type(cfg.linear_type, f"{len(cfg.mla_layers)}MLA{n_layer - len(cfg.mla_layers)}M2")
+        check_linear_type(cfg.linear_type)
         return sorted(cfg.mla_layers), cfg.linear_type
     if cfg.layout is not None:
         return parse_layout(cfg.layout, n_layer)
     return default_mla_layers(n_layer, max(1, round(n_layer / (2 if n_layer <= 4 else 4)))), "gdn"
-
-
-DOC_BOUNDARIES = ("kd", "all", "off")
 
 
 def uses_doc_boundaries(mode: str, kind: str) -> bool:
@@ -254,21 +140,6 @@ def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_
     return rows
 
 
-def mamba2_available() -> bool:
-    """Whether this build has the Mamba-2 mixer (``hylo_bench.models.mamba2``)."""
-    import importlib.util
-
-    return importlib.util.find_spec("hylo_bench.models.mamba2") is not None
-
-
-def _check_linear_type(linear_type: str, layout: str) -> None:
-    if linear_type not in ("gdn", "mamba"):
-        raise ValueError(f"linear_type {linear_type!r}: expected 'gdn' or 'mamba'")
-    if linear_type == "mamba" and not mamba2_available():
-        raise ValueError(f"layout {layout}: Mamba-2 (M2) layers are not implemented in this build yet; use a GDN "
-                         f"layout or recipe")
-
-
 def _load_hf(spec: str, device: str, dtype: torch.dtype, flag: str = "--base"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -311,7 +182,7 @@ def _load_stage_checkpoint(stage_dir: Path, student, device: str, ctx: DistConte
     """The student saved after a finished stage: a fresh model, or loaded into the sharded one under torchrun."""
     import torch
 
-    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.models.hybrid import load_hylo
 
     if ctx is None:
         return load_hylo(stage_dir, dtype=torch.float32, device=device)
@@ -346,13 +217,15 @@ def _write_json(path: Path, obj, ctx: DistContext | None) -> None:
         atomic_write_json(path, obj)
 
 
-def run(cfg: UpcycleConfig) -> dict:
+def run(cfg: UpcycleConfig, on_result: OnResult | None = None) -> dict:
     """Upcycle ``cfg.base`` into a hybrid and distil it; returns the final manifest (also in OUT/manifest.json).
 
     Under ``torchrun`` joins the process group (NCCL on GPU, gloo on CPU), trains with FSDP2 and leaves the group
     at the end; see the module docstring.
 
     Every setting and path is checked first, before torch is imported (:mod:`hylo_bench.upcycle.checks`).
+    ``on_result(manifest, manifest_path)`` is called (on rank 0) after every stage and at the end, when the manifest
+    with the training log so far has been written (the CLI: the results store); None writes the files alone.
 
     Raises:
         ValueError: on bad settings (layout, stages, data, an --out holding another model) with the flag named.
@@ -365,22 +238,24 @@ def run(cfg: UpcycleConfig) -> dict:
 
     ctx = dist_utils.init_distributed(cfg.device)
     try:
-        return _run(cfg, ctx)
+        return _run(cfg, ctx, on_result)
     finally:
         if ctx is not None:
             dist_utils.shutdown()
 
 
-def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
+def _run(cfg: UpcycleConfig, ctx: DistContext | None, on_result: OnResult | None = None) -> dict:
     import torch
 
-    from hylo_bench.models.loading import check_device, default_device
-    from hylo_bench.upcycle.data import load_corpus, load_documents
+    from hylo_bench.config.device import check_device, default_device
+    from hylo_bench.config.student import hybrid_config_for
+    from hylo_bench.upcycle.data import load_corpus
+    from hylo_bench.upcycle.documents import load_documents
     from hylo_bench.upcycle.select import auto_layout, save_selection
     from hylo_bench.upcycle.train import distributed as dist_utils
     from hylo_bench.upcycle.train.losses import eval_heldout
     from hylo_bench.upcycle.train.metrics import TrainLog, peak_flops_for
-    from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+    from hylo_bench.upcycle.transfer import init_student
 
     out = Path(cfg.out)
     device = ctx.device if ctx is not None else check_device(cfg.device or default_device())
@@ -402,7 +277,8 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     held_len = min(stages[0].seq_len_tokens, 1024)
     selection, init_from = None, None
     if cfg.init_from is not None:
-        from hylo_bench.models.checkpoint import load_hylo, resolve_checkpoint_dir
+        from hylo_bench.models.checkpoint import resolve_checkpoint_dir
+        from hylo_bench.models.hybrid import load_hylo
 
         init_dir = resolve_checkpoint_dir(cfg.init_from)
         student = load_hylo(init_dir, dtype=torch.float32, device=device)
@@ -457,9 +333,9 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
         done = [e["name"] for e in manifest["stages"] if e["status"] == "done"]
         logger.info("resuming the run in %s (finished stages: %s)", out, ", ".join(done) or "none")
     if manifest is None:
-        manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(), "created_utc": _now(),
-                    "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(), "base_dir": str(base_dir),
-                    "device": device,
+        manifest = {"kind": "upcycle", "hylo_bench_version": __version__, "git_sha": git_sha(),
+                    "created_utc": utc_now(), "settings": settings, "recipe": cfg.recipe, "config": cfg.to_dict(),
+                    "base_dir": str(base_dir), "device": device,
                     "hybrid_config": hcfg.to_hybrid_dict(), "embeddings": embeddings_note(base.config),
                     "stages": [s.to_dict() | {"status": "pending", "tokens_seen": 0, "losses": []} for s in stages]}
     if selection is not None:
@@ -486,29 +362,23 @@ def _run(cfg: UpcycleConfig, ctx: DistContext | None) -> dict:
     peak_flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_for(device)
     try:
         student = _run_stages(cfg, stages, manifest, student, base, teacher, tokenizer, held_out, device,
-                              train_log if main else None, peak_flops, corpus, ctx)
+                              train_log if main else None, peak_flops, corpus, ctx, on_result)
     finally:
         train_log.close()
     _save_student(student, tokenizer, out, ctx)
     fault_point("upcycle:final_saved")
     manifest["final_checkpoint"] = str(out)
     manifest["model_hash"] = weights_sha256(out)  # the identity `ruler` / `eval` record for this checkpoint
-    manifest["finished_utc"] = _now()
+    manifest["finished_utc"] = utc_now()
     _write_json(manifest_path, manifest, ctx)
-    if main:
-        _record_in_store(manifest, manifest_path, cfg)
+    if main and on_result is not None:
+        on_result(manifest, manifest_path)
     return manifest
 
 
-def _record_in_store(manifest: dict, manifest_path: Path, cfg: UpcycleConfig) -> None:
-    """Add the run's training log so far to the results store (after every stage; a failure is only logged)."""
-    from hylo_bench.reports import store
-
-    store.record(manifest, manifest_path, db=cfg.db, results_dir=cfg.results_dir)
-
-
 def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student, base, teacher, tokenizer, held_out,
-                device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None):
+                device: str, train_log, peak_flops: float | None, corpus, ctx: DistContext | None = None,
+                on_result: OnResult | None = None):
     """Train the unfinished stages in order (loading the checkpoint of finished ones); returns the student."""
     import torch
 
@@ -577,11 +447,11 @@ def _run_stages(cfg: UpcycleConfig, stages: list[Stage], manifest: dict, student
                 _write_json(stage_dir / "sampler_state.json", entry["sampler_state_end"], ctx)
         fault_point("upcycle:stage_saved")
         entry["status"] = "done"
-        entry["finished_utc"] = _now()
+        entry["finished_utc"] = utc_now()
         _write_json(manifest_path, manifest, ctx)
         fault_point("upcycle:stage_done")
-        if ctx is None or ctx.is_main:
-            _record_in_store(manifest, manifest_path, cfg)
+        if (ctx is None or ctx.is_main) and on_result is not None:
+            on_result(manifest, manifest_path)
         if ctx is None:
             (out / RESUME_FILE).unlink(missing_ok=True)
         else:

@@ -96,8 +96,9 @@ def linear_layer_for(base: nn.Module, linear_config, layer_idx: int, seed: int) 
     Returns:
         The mixer module (GDN or Mamba-2) on the base model's device and dtype.
     """
+    from hylo_bench.config.student import base_dims
     from hylo_bench.models.hybrid import HyLoDecoderLayer
-    from hylo_bench.upcycle.transfer import base_dims, init_mixer_from_attention
+    from hylo_bench.upcycle.transfer import init_mixer_from_attention
 
     p = next(base.parameters())
     with torch.random.fork_rng(devices=[]):
@@ -166,15 +167,11 @@ def select_layers(base: nn.Module, windows: torch.Tensor, layout: str, *, seed: 
     Raises:
         ValueError: malformed layout or a count that does not match the model.
     """
-    from hylo_bench.models.config import parse_layout
-    from hylo_bench.upcycle.student_config import hybrid_config_for
+    from hylo_bench.config.hybrid import parse_layout
+    from hylo_bench.config.student import hybrid_config_for
 
     n_layer = base.config.num_hidden_layers
     default, linear_type = parse_layout(layout, n_layer)
-    if linear_type == "mamba":
-        from hylo_bench.upcycle.run import _check_linear_type
-
-        _check_linear_type(linear_type, layout)
     overrides = {k: v for k, v in (mixer_overrides or {}).items() if v is not None}
     linear_config = hybrid_config_for(base.config, [], linear_type, **overrides)
     scores = score_layers(base, linear_config, windows, seed=seed)

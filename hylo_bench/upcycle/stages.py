@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from hylo_bench.config.units import format_length, parse_length, parse_token_count
+
 
 @dataclass(kw_only=True, slots=True)
 class Stage:
@@ -25,42 +27,6 @@ class Stage:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"name": self.name}
-
-
-def parse_length(text: str) -> int:
-    """``"8k"`` -> 8192, ``"1m"`` -> 1048576, ``"1000"`` -> 1000 (tokens).
-
-    Raises:
-        ValueError: when the text is not a positive length.
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
-    if not m:
-        raise ValueError(f"length {text!r}: expected a token count such as 1024, 8k or 1m")
-    value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
-    if value < 1 or value != int(value):
-        raise ValueError(f"length {text!r}: must be a positive whole number of tokens")
-    return int(value)
-
-
-def format_length(tokens: int) -> str:
-    """8192 -> ``"8k"``, 1048576 -> ``"1m"``, 1000 -> ``"1000"``."""
-    if tokens % (1024 ** 2) == 0:
-        return f"{tokens // 1024 ** 2}m"
-    if tokens % 1024 == 0:
-        return f"{tokens // 1024}k"
-    return str(tokens)
-
-
-def parse_token_count(text: str) -> int:
-    """``"20M"`` -> 20_000_000, ``"500k"`` -> 500_000, ``"1.5B"`` -> 1_500_000_000 tokens (decimal units).
-
-    Raises:
-        ValueError: on a malformed count.
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMbB]?)\s*", text)
-    if not m:
-        raise ValueError(f"token budget {text!r}: expected e.g. 500k, 20M or 1B")
-    return int(float(m.group(1)) * {"": 1, "k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9}[m.group(2).lower()])
 
 
 def parse_stages(spec: str, default_budget: int) -> list[Stage]:

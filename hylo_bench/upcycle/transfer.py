@@ -13,16 +13,10 @@ import logging
 import torch
 from torch import nn
 
-from hylo_bench.models.config import HyLoConfig
+from hylo_bench.config.hylo_config import HyLoConfig
+from hylo_bench.config.student import base_dims
 from hylo_bench.models.hybrid import HyLoForCausalLM
 from hylo_bench.upcycle.init import gdn_init_from_attention, mamba2_init_from_attention, svd_init_mla
-from hylo_bench.upcycle.student_config import (  # noqa: F401 - re-exported (their historical home)
-    RELEASED_DIMS,
-    _round8,
-    base_dims,
-    default_mixer_dims,
-    hybrid_config_for,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +32,7 @@ def init_student(base_model: nn.Module, config: HyLoConfig, mixers: str = "atten
 
     Args:
         base_model: the student base model (``LlamaForCausalLM`` / ``Qwen3ForCausalLM``), any dtype/device.
-        config: from :func:`hybrid_config_for`.
+        config: from :func:`hylo_bench.config.student.hybrid_config_for`.
         mixers: ``"attention"`` initialises MLA / GDN / Mamba-2 from the attention weights; ``"random"`` keeps
             their fresh random init (embeddings, MLPs, norms and head are copied either way), the baseline that
             shows what the attention-derived init is worth.

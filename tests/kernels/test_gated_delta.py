@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels import gated_delta as gd
+from hylo_bench.kernels import registry
 from hylo_bench.kernels.gated_delta import (
     GDNEnvironment,
     chunk_gated_delta_rule_torch,
@@ -172,8 +172,8 @@ def test_shape_errors():
 
 def test_public_entry_cpu(caplog):
     q, k, v, g, beta, h0 = make_inputs(1, 20, 2, 2, 8, 6, dtype=torch.float32)
-    gd._log_choice_once.cache_clear()
-    with caplog.at_level(logging.INFO, logger="hylo_bench.kernels.gated_delta"):
+    registry.clear_log()
+    with caplog.at_level(logging.INFO, logger="hylo_bench.kernels.registry"):
         o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         gated_delta_rule(q, k, v, g, beta)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GDN backend:")]

@@ -122,7 +122,7 @@ def test_engine_with_the_token_kernel_equals_torch_engine(monkeypatch):
     tensors) give the torch engine's greedy tokens (float32, batch 2, prompts then 6 decode tokens)."""
     at = pytest.importorskip("triton.runtime.autotuner")
     monkeypatch.setattr(at.Autotuner, "do_bench", lambda self, *a, **k: [0.0, 0.0, 0.0])
-    from hylo_bench.serving.engine import Engine
+    from hylo_bench.decode.engine import Engine
     from tests.conftest import engine_reference_case
 
     model, ids, want = engine_reference_case()

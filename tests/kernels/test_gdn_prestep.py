@@ -22,7 +22,9 @@ def _inputs(B=2, H=3, K=8, Vd=16, dtype=torch.float64, device="cpu", seed=0):
     w = torch.randn(C, 4, generator=gen, dtype=torch.float64) * 0.5
     A_log = torch.rand(H, generator=gen, dtype=torch.float64).float()
     dt_bias = (torch.randn(H, generator=gen, dtype=torch.float64) * 10).float()  # some a + dt_bias beyond 20
-    cast = lambda t: t.to(device=device, dtype=dtype)
+    def cast(t):
+        return t.to(device=device, dtype=dtype)
+
     return cast(proj), tuple(cast(c) for c in caches), cast(w), A_log.to(device), dt_bias.to(device)
 
 

@@ -42,9 +42,9 @@ def test_triton_kernel_matches_reference_fp32(B, H, T, R, P, G, use_scale):
 
 def test_engine_with_triton_and_fla_decode_equals_torch_engine(monkeypatch):
     pytest.importorskip("fla")
-    import hylo_bench.serving.mla_layer as ML
+    import hylo_bench.decode.mla_layer as ML
+    from hylo_bench.decode.engine import Engine
     from hylo_bench.kernels.mla_decode.triton_kernel import mla_decode_triton
-    from hylo_bench.serving.engine import Engine
     from tests.conftest import engine_reference_case
 
     model, ids, want = engine_reference_case()

@@ -11,8 +11,8 @@ import torch
 
 
 def _check(device, dtype, tol, **cfg):
+    from hylo_bench.decode.mla_layer import MLAServing
     from hylo_bench.models.hybrid import HyLoForCausalLM
-    from hylo_bench.serving.mla_layer import MLAServing
     from tests.conftest import tiny_hybrid_config
 
     torch.manual_seed(0)
@@ -92,8 +92,8 @@ def test_prep_kernel_matches_torch_path_on_cuda(cfg):
 def test_engine_with_the_glue_kernels_equals_torch_engine(monkeypatch):
     """The engine's fused decode layer with the prep and W_UV kernels (forced on CPU under the interpreter; the
     fused GEMVs fall back to their torch reference off CUDA) gives the torch engine's greedy tokens (float32)."""
-    from hylo_bench.serving.engine import Engine
-    from hylo_bench.serving.mla_layer import MLAServing
+    from hylo_bench.decode.engine import Engine
+    from hylo_bench.decode.mla_layer import MLAServing
     from tests.conftest import engine_reference_case
 
     model, ids, want = engine_reference_case()

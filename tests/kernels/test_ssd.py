@@ -26,7 +26,7 @@ def inputs(Bsz=2, T=37, H=4, G=2, P=8, N=6, dtype=torch.float64, seed=0, device=
 def hand_recurrence(x, dt, A, B, C, D, dt_bias, S0):
     """Independent scalar-loop transcription of checkpoint-format.md sec. 4.5 step 4 (float64)."""
     Bsz, T, H, P = x.shape
-    G, N = B.shape[2], B.shape[3]
+    G = B.shape[2]
     y = torch.zeros_like(x)
     S = S0.clone()
     for b in range(Bsz):

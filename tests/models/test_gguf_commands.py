@@ -101,7 +101,7 @@ def test_sweep_and_the_lm_eval_model_on_a_gguf(tiny_gguf, tmp_path, monkeypatch)
 
     monkeypatch.setattr(S, "run_worker", in_process)
     env = S.run(S.SweepConfig(model=str(path), contexts_tokens=[16], batch_sizes=[1], out=tmp_path / "sw.json",
-                              decode_steps=2, prefill_chunk_tokens=8, device="cpu", store=False))
+                              decode_steps=2, prefill_chunk_tokens=8, device="cpu"))
     assert [(r["seq_len"], r["status"]) for r in env["records"]] == [(16, "ok")]
     lm = HyLoLM(pretrained=str(path), device="cpu", dtype="float32")
     x = torch.randint(0, original.config.vocab_size, (1, 9))

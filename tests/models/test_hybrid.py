@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from hylo_bench.models.checkpoint import CheckpointMismatchError, load_hylo, save_hylo
-from hylo_bench.models.config import HyLoConfig, default_mla_layers, parse_layout
-from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.config.hybrid import default_mla_layers, parse_layout
+from hylo_bench.config.hylo_config import HyLoConfig
+from hylo_bench.models.checkpoint import CheckpointMismatchError, save_hylo
+from hylo_bench.models.hybrid import HyLoForCausalLM, load_hylo
 from hylo_bench.models.rope import rope_inv_freq_and_mscale, yarn_correction_range
 from tests.conftest import tiny_hybrid_config
 
@@ -187,7 +188,7 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path):
 @pytest.mark.gpu
 def test_mla_padded_flash_prefill_equals_the_float64_reference():
     """On CUDA the MLA prefill pads d_V up to d_qk for flash attention; the output equals exact attention."""
-    from hylo_bench.models.mla import causal_attention
+    from hylo_bench.models.attention import causal_attention
 
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(2, 4, 300, 192, generator=g) for _ in range(2))

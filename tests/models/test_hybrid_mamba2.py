@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from hylo_bench.models.checkpoint import CheckpointMismatchError, load_hylo, save_hylo
-from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.models.checkpoint import CheckpointMismatchError, save_hylo
+from hylo_bench.models.hybrid import HyLoForCausalLM, load_hylo
 from hylo_bench.models.mamba2 import Mamba2State
 from tests.conftest import tiny_hybrid_config
 

@@ -206,7 +206,8 @@ def test_bad_mask_raises():
 
 def test_qwen_14mla14m2_model_on_meta_matches_spec():
     """Every name/shape and the total count of the Qwen3-1.7B 14MLA14M2 layout from checkpoint-format.md tables."""
-    from hylo_bench.models.config import HyLoConfig, parse_layout
+    from hylo_bench.config.hybrid import parse_layout
+    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     mla_layers, linear_type = parse_layout("14MLA14M2", 28)

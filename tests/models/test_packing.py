@@ -9,13 +9,9 @@ import torch.nn.functional as F
 from hylo_bench.kernels.gated_delta import chunk_gated_delta_rule_torch, gated_delta_rule_reference
 from hylo_bench.kernels.ssd import ssd_scan_chunked, ssd_scan_reference
 from hylo_bench.kernels.varlen import chunk_layout
+from hylo_bench.models.attention import varlen_causal_attention
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.models.varlen import (
-    cu_seqlens_from_position_ids,
-    position_ids_from_cu_seqlens,
-    varlen_causal_attention,
-    varlen_causal_conv1d,
-)
+from hylo_bench.models.varlen import cu_seqlens_from_position_ids, position_ids_from_cu_seqlens, varlen_causal_conv1d
 from tests.conftest import tiny_hybrid_config
 
 LENS = [5, 11, 3]  # three documents of different lengths, packed in one row of 19 tokens

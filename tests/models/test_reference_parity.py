@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from hylo_bench.config.hylo_config import HyLoConfig
 from hylo_bench.info import rope_info
 from hylo_bench.kernels.ssd import ssd_scan_reference
-from hylo_bench.models.checkpoint import load_hylo, save_hylo
-from hylo_bench.models.config import HyLoConfig
-from hylo_bench.models.hybrid import HyLoForCausalLM
+from hylo_bench.models.checkpoint import save_hylo
+from hylo_bench.models.hybrid import HyLoForCausalLM, load_hylo
 from hylo_bench.models.mamba2 import GatedRMSNormGroups
 from hylo_bench.models.rope import MLARotary
 from tests.conftest import tiny_hybrid_config
@@ -331,7 +331,7 @@ def test_legacy_layer_rank_list_is_honoured(tmp_path):
     x = torch.randint(0, 97, (1, 6))
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    from hylo_bench.serving.memory import kv_cache_bytes_per_token
+    from hylo_bench.models.memory import kv_cache_bytes_per_token
 
     assert kv_cache_bytes_per_token(cfg, 2) == ((24 + 8) + (8 + 8)) * 2
 

@@ -87,7 +87,7 @@ def test_upcycle_from_the_gguf_lowers_the_ild_loss(smollm2_gguf, tmp_path):
     from typer.testing import CliRunner
 
     from hylo_bench.cli import app
-    from hylo_bench.upcycle.data import shipped_text_path
+    from hylo_bench.upcycle.documents import shipped_text_path
 
     out = tmp_path / "student"
     res = CliRunner().invoke(app, ["upcycle", "--base", str(smollm2_gguf), "--layout", "6MLA24GDN", "--data",

@@ -60,7 +60,7 @@ def test_compare_with_nothing_in_common_does_not_pass(tmp_path: Path):
 
 
 def test_memory_sizes_need_a_unit():
-    from hylo_bench.serving.memory import parse_bytes
+    from hylo_bench.config.units import parse_bytes
 
     assert parse_bytes("141GiB") == 141 * 2 ** 30 and parse_bytes("0") == 0 and parse_bytes("512B") == 512
     with pytest.raises(ValueError, match="expected a number with a unit such as 141GiB"):
@@ -70,7 +70,7 @@ def test_memory_sizes_need_a_unit():
 def test_unusable_device_is_refused_before_loading():
     import torch
 
-    from hylo_bench.models.loading import check_device
+    from hylo_bench.config.device import check_device
 
     assert check_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="--device 'tpu0': not a torch device"):

@@ -269,4 +269,5 @@ def test_eval_json_and_eval_summary_import(tmp_path: Path):
     outcomes, skipped = store.sync_dir(fresh, tmp_path / "res")
     assert skipped == [] and [o.source for o in outcomes] == [str(lm_file)]
     with pytest.raises(ValueError, match="scores.arc_easy.acc: expected a number"):
-        store.import_files(engine, [write_json(tmp_path / "bad.json", printed | {"scores": {"arc_easy": {"acc": "x"}}})])
+        store.import_files(engine, [write_json(tmp_path / "bad.json",
+                                               printed | {"scores": {"arc_easy": {"acc": "x"}}})])

@@ -28,7 +28,7 @@ def ckpts(tmp_path_factory):
 
 def _cfg(ckpts, tmp_path, **kw):
     kw = dict(model=str(ckpts / "hylo"), contexts_tokens=[16, 24], batch_sizes=[1], out=tmp_path / "sweep.json",
-              decode_steps=3, prefill_chunk_tokens=8, device="cpu", db=str(tmp_path / "store.sqlite")) | kw
+              decode_steps=3, prefill_chunk_tokens=8, device="cpu") | kw
     return S.SweepConfig(**kw)
 
 
@@ -50,7 +50,8 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
     monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "24")  # the second context "runs out of memory" in its worker
     cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16, 24], baseline=str(ckpts / "llama"))
     seen = []
-    env = S.run(cfg, on_record=seen.append)
+    db = tmp_path / "store.sqlite"
+    env = S.run(cfg, on_record=seen.append, on_result=store.recorder(db))
     saved = json.loads(cfg.out.read_text())
     assert saved == env and saved["kind"] == "sweep" and saved["benchmark"] == "sweep"
     assert {"git_sha", "device", "versions", "records"} <= saved.keys() and saved["device"] == "cpu"
@@ -71,7 +72,7 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
     assert recs[0]["kv_cache_gib"] * 2 ** 30 == pytest.approx(want)
     assert all(not isinstance(v, (dict, list)) for r in recs for v in r.values())  # flat records
 
-    engine = store.open_store(cfg.db)
+    engine = store.open_store(db, create=False)
     pts = store.points_frame(engine)
     assert len(pts) == 4 and list(pts["status"]) == ["ok", "oom", "ok", "oom"]
     before = store.table_counts(engine)
@@ -101,7 +102,7 @@ def test_grown_sweep_file_extends_its_run_and_conflicts_are_refused(tmp_path):
 def test_find_max_doubles_then_bisects(ckpts, tmp_path, monkeypatch):
     _in_process(monkeypatch)
     monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "40")  # fits below 40 tokens
-    cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16], find_max=True, find_max_resolution_tokens=4, store=False)
+    cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16], find_max=True, find_max_resolution_tokens=4)
     recs = S.run(cfg)["records"]
     probes = [(r["seq_len"], r["status"]) for r in recs if r["point"] == "probe"]
     assert probes == [(32, "ok"), (64, "oom"), (48, "oom"), (40, "oom"), (36, "ok")]
@@ -112,8 +113,29 @@ def test_find_max_doubles_then_bisects(ckpts, tmp_path, monkeypatch):
 def test_stop_after_oom_skips_longer_contexts(ckpts, tmp_path, monkeypatch):
     _in_process(monkeypatch)
     monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "1")
-    recs = S.run(_cfg(ckpts, tmp_path, contexts_tokens=[16, 8], store=False))["records"]
+    recs = S.run(_cfg(ckpts, tmp_path, contexts_tokens=[16, 8]))["records"]
     assert [(r["seq_len"], r["status"]) for r in recs] == [(8, "oom"), (16, "skipped")]
+
+
+def test_cli_sweep_stores_every_point_unless_no_store(ckpts, tmp_path, monkeypatch):
+    """The library writes the JSON alone; ``hylo-bench sweep`` hands it the store's ``on_result``."""
+    from typer.testing import CliRunner
+
+    from hylo_bench.cli import app
+
+    _in_process(monkeypatch)
+    monkeypatch.setenv(sweep_worker.OOM_HOOK_ENV, "24")
+    db = tmp_path / "cli.sqlite"
+    args = ["sweep", str(ckpts / "hylo"), "--contexts", "16,24", "--decode-steps", "3", "--prefill-chunk", "8",
+            "--device", "cpu", "--db", str(db)]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    pts = store.points_frame(store.open_store(db, create=False))
+    assert sorted(zip(pts["seq_len"], pts["status"])) == [(16, "ok"), (24, "oom")]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b.json"), "--no-store"])
+    assert res.exit_code == 0, res.output
+    assert store.table_counts(store.open_store(db, create=False))["runs"] == 1  # the first sweep's run alone
+    assert len(json.loads((tmp_path / "b.json").read_text())["records"]) == 2
 
 
 def test_backend_and_baseline_errors(ckpts, tmp_path):

@@ -164,7 +164,7 @@ def test_vllm_greedy_equals_ours_and_capacity_matches_memory_model(tmp_path):
     must see a near-tie between the two tokens. The untied comparison of whole greedy outputs is reported in
     the assertion message.
     """
-    from hylo_bench.serving.memory import vllm_capacity, vllm_page_layout
+    from hylo_bench.models.memory import vllm_capacity, vllm_page_layout
 
     model = _toy_model()
     # Batched (--max-num-seqs 4), prompt lengths 5/70/300/20, staggered: the 5-token request is submitted first, so
@@ -189,7 +189,7 @@ def test_vllm_mamba2_greedy_equals_ours(tmp_path):
     """vLLM-CPU serving a 1 MLA + 3 Mamba-2 toy through vLLM's MambaMixer2 (x / B widened at load) decodes our
     greedy tokens, batched (mixed decode + prefill steps) as alone; same acceptance rule as the GDN test, and its
     KV-cache figures equal the memory model's."""
-    from hylo_bench.serving.memory import vllm_capacity, vllm_page_layout
+    from hylo_bench.models.memory import vllm_capacity, vllm_page_layout
 
     model = _toy_model(**_MAMBA)
     prompts = [[5, 17, 42, 99, 3], list(range(10, 80)), [(7 * i) % 500 + 3 for i in range(300)]]

@@ -93,7 +93,8 @@ def test_fixture_prompts_follow_the_task_yamls(forced_run):
     assert args["race"][0][0][0].startswith("Article: Story 0. An animal ran far across the field.\n\n"
                                             "Question: Who ran in story 0 part 0?\nAnswer: the zebra\n")
     assert args["winogrande"][1][0] == ("In scene 1 the stone", " ran away quickly.")
-    assert args["gsm8k"][0][0][0] == "Question: Tom has 0 apples and buys 2 more. How many apples does he have?\nAnswer:"
+    assert args["gsm8k"][0][0][0] == ("Question: Tom has 0 apples and buys 2 more. How many apples does he have?"
+                                      "\nAnswer:")
     assert args["gsm8k"][0][0][1]["until"] == ["Question:", "</s>", "<|im_end|>"]
 
 
@@ -262,7 +263,8 @@ def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tm
     out = tmp_path / "results"
     ckpt_dir = tiny_base_dir if ckpt == "llama" else tiny_hylo_dir
     res = CliRunner().invoke(app, ["eval", str(ckpt_dir), "--tasks", "piqa,winogrande", "--data-dir",
-                                   str(fixture_dir), "--limit", "3", "--batch-size", "auto" if ckpt == "llama" else "2", "--output-dir", str(out),
+                                   str(fixture_dir), "--limit", "3", "--batch-size",
+                                   "auto" if ckpt == "llama" else "2", "--output-dir", str(out),
                                    "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
@@ -277,8 +279,9 @@ def test_cli_eval_end_to_end(ckpt, tiny_base_dir, tiny_hylo_dir, fixture_dir, tm
     ours = json.loads(Path(summary["results_path"]).read_text())
     assert ours["kind"] == "lm-eval-summary" and ours["scores"] == summary["scores"]
     prov = ours["provenance"]
-    from hylo_bench.tasks.ruler.cache import tokenizer_hash
     from transformers import AutoTokenizer
+
+    from hylo_bench.tasks.ruler.cache import tokenizer_hash
 
     assert prov["tokenizer_hash"] == tokenizer_hash(AutoTokenizer.from_pretrained(ckpt_dir))
     assert (prov["device"], prov["param_dtype"], prov["engine"]) == ("cpu", "torch.float32", "generate")
@@ -306,7 +309,7 @@ def test_two_worker_processes_give_the_one_process_scores(tiny_hylo_dir, fixture
     runs = {}
     for n in (1, 2):
         cfg = B.EvalConfig(model=str(tiny_hylo_dir), tasks=tasks, output_dir=tmp_path / f"w{n}", data_dir=fixture_dir,
-                           limit=4, batch_size=1, device="cpu", devices=n, write_store=False)
+                           limit=4, batch_size=1, device="cpu", devices=n)
         runs[n] = B.run(cfg)
     assert runs[2]["world_size"] == 2 and runs[1]["world_size"] == 1
     assert runs[2]["scores"] == runs[1]["scores"] and runs[2]["n_samples"] == {t: 4 for t in tasks}

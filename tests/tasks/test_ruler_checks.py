@@ -65,7 +65,8 @@ def test_an_interrupted_run_is_marked_unfinished_and_kept_out_of_report_and_comp
     cfg = _cfg(res, tasks=["niah_single_1", "ruler_vt"], samples=2)
     answers = _half_oracle(tok, cfg)
     with pytest.raises(RuntimeError, match="killed"):  # niah_single_1 is scored, ruler_vt never
-        evaluate_model(DyingLM(tok, answers, die_after=2), tok, info, cfg, console=_quiet())
+        evaluate_model(DyingLM(tok, answers, die_after=2), tok, info, cfg, console=_quiet(),
+                       on_result=store.recorder(None, res))
     (cut,) = res.glob("ruler-*.json")
     doc = json.loads(cut.read_text())
     assert doc["status"] == "running" and len(doc["records"]) == 1
@@ -83,7 +84,7 @@ def test_an_interrupted_run_is_marked_unfinished_and_kept_out_of_report_and_comp
     result = invoke("report", "--results-dir", str(res), "--files-only", "-o", str(tmp_path / "f.html"))
     assert result.exit_code == 2 and "no RULER results found" in plain(result.output)  # the only file: left out
 
-    full = evaluate_model(DyingLM(tok, answers), tok, info, cfg, console=_quiet())
+    full = evaluate_model(DyingLM(tok, answers), tok, info, cfg, console=_quiet(), on_result=store.recorder(None, res))
     assert json.loads(Path(full["results_path"]).read_text())["status"] == "complete"
     assert store.runs_frame(engine)[["id", "status"]].values.tolist() == [[1, "running"], [2, "complete"]]
     from hylo_bench.reports import compare as C

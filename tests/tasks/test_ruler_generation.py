@@ -18,11 +18,11 @@ from hylo_bench.tasks.ruler import (
     generate_sample,
     generators,
     get_task,
-    haystack,
     list_tasks,
     sample_seed,
     sampling,
 )
+from hylo_bench.text import haystack
 
 LENGTHS = (1024, 4096, 8192, 16384)
 NUM_SAMPLES = 2

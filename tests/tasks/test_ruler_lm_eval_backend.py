@@ -92,11 +92,13 @@ def _cfg(tmp_path, **kw) -> RulerConfig:
 
 @pytest.fixture(scope="module")
 def oracle_run(tok, tmp_path_factory):
+    from hylo_bench.reports import store
+
     out = tmp_path_factory.mktemp("lmeval-oracle")
     lm = _lm(tok, "oracle")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HYLO_BENCH_DB", str(out / "store.sqlite"))
-        summary = LB.evaluate_lm_eval(lm, INFO, _cfg(out), console=_quiet())
+        summary = LB.evaluate_lm_eval(lm, INFO, _cfg(out), console=_quiet(), on_result=store.recorder(None, out))
     return summary, lm
 
 

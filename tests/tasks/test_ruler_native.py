@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from hylo_bench.decode import greedy as decoding
+from hylo_bench.decode.engine import Engine
+from hylo_bench.decode.greedy import NativeDecoder, make_decoder, resolve_engine
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.serving.engine import Engine
-from hylo_bench.tasks.ruler import decoding, evaluate_model
-from hylo_bench.tasks.ruler.decoding import NativeDecoder, make_decoder, resolve_engine
+from hylo_bench.tasks.ruler import evaluate_model
 from tests.conftest import tiny_hybrid_config
 from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _quiet, build_small_tokenizer
 

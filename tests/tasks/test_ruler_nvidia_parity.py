@@ -10,7 +10,7 @@ import re
 import pytest
 from transformers import AutoTokenizer
 
-from hylo_bench.models.loading import demo_teacher_dir
+from hylo_bench.models.checkpoint import demo_teacher_dir
 from hylo_bench.tasks.ruler import TASKS, generate_sample, generators, sampling
 from hylo_bench.tasks.ruler.generators import BuildContext, build
 

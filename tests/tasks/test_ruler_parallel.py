@@ -16,7 +16,15 @@ from transformers import LlamaForCausalLM
 from hylo_bench.tasks.ruler import RulerConfig, evaluate_model, generate_sample, run
 from hylo_bench.tasks.ruler.parallel import run_parallel, worker_device
 from hylo_bench.tasks.ruler.runner import Shard
-from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _half_oracle, _quiet, build_small_tokenizer, tiny_llama_config
+from tests.tasks.test_ruler_runner import (
+    INFO,
+    DyingLM,
+    _cfg,
+    _half_oracle,
+    _quiet,
+    build_small_tokenizer,
+    tiny_llama_config,
+)
 
 
 @pytest.fixture(scope="module")

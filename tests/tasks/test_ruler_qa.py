@@ -21,7 +21,7 @@ from hylo_bench.tasks.ruler import (
     sampling,
     select_tasks,
 )
-from hylo_bench.tasks.ruler.haystack import default_haystack_text, essay_words
+from hylo_bench.text.haystack import default_haystack_text, essay_words
 from tests.tasks.test_ruler_generation import build_tokenizer
 from tests.tasks.test_ruler_runner import INFO, _cfg, _quiet, _scripted
 

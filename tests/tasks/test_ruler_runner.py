@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hylo_bench.tasks.ruler import RulerConfig, evaluate_model, generate_sample, render_tables, run, tokenizer_hash
 from hylo_bench.tasks.ruler import cache as ruler_cache
-from hylo_bench.tasks.ruler.haystack import default_haystack_text
+from hylo_bench.text.haystack import default_haystack_text
 
 INFO = {"name": "tiny/llama", "path": "/nowhere", "hash": "abc123", "layout": "transformer", "kind": "hf"}
 TOP_KEYS = {

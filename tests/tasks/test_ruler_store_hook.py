@@ -1,4 +1,5 @@
-"""``hylo-bench ruler`` adds its results to the results store after every (task, length), like its JSON file."""
+"""``hylo-bench ruler`` adds its results to the results store after every (task, length), like its JSON file: the
+runner hands every rewrite of the file to ``on_result``, the CLI's ``store.recorder``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_ruler_results_land_in_the_default_store(tok, tmp_path, monkeypatch):  #
     monkeypatch.delenv(store.DB_ENV, raising=False)
     cfg = _cfg(tmp_path, tasks=["niah_single_1", "ruler_vt"])
     info = {**INFO, "kind": "transformer"}
-    out = evaluate_model(_scripted(tok, cfg, oracle=True), tok, info, cfg, console=_quiet())
+    out = evaluate_model(_scripted(tok, cfg, oracle=True), tok, info, cfg, console=_quiet(),
+                         on_result=store.recorder(None, cfg.results_dir))
     engine = store.open_store(tmp_path / store.DB_FILENAME)
     df = store.metrics_frame(engine)
     assert sorted(zip(df["task"], df["seq_len"], df["value"], df["n"])) == [
@@ -33,6 +35,6 @@ def test_a_store_failure_only_warns(tok, tmp_path, monkeypatch, caplog):  # noqa
     cfg = _cfg(tmp_path, tasks=["ruler_vt"], samples=1)
     with caplog.at_level(logging.WARNING):
         out = evaluate_model(_scripted(tok, cfg, oracle=True), tok, {**INFO, "kind": "transformer"}, cfg,
-                             console=_quiet())
+                             console=_quiet(), on_result=store.recorder(None, cfg.results_dir))
     assert out["scores"] == {"ruler_vt": {"1024": 100.0}}
     assert "results not added to the results store" in caplog.text

@@ -68,7 +68,8 @@ def test_no_chat_template_is_refused(tiny_tokenizer):
 
 
 def test_jsonl_rows_packed_with_boundaries_and_mask(chat_tok, tmp_path):
-    from hylo_bench.upcycle.data import load_documents_with_ids, text_rows
+    from hylo_bench.upcycle.data import text_rows
+    from hylo_bench.upcycle.documents import load_documents_with_ids
 
     f = tmp_path / "mix.jsonl"
     rows = [{"messages": CONV[1:3]}, {"text": "Plain prose with no speaker at all."},
@@ -108,7 +109,7 @@ def test_jsonl_rows_packed_with_boundaries_and_mask(chat_tok, tmp_path):
 
 
 def test_bad_jsonl_row_names_file_and_line(tmp_path):
-    from hylo_bench.upcycle.data import load_documents_with_ids
+    from hylo_bench.upcycle.documents import load_documents_with_ids
 
     f = tmp_path / "bad.jsonl"
     f.write_text('{"text": "ok"}\n{"question": "no known field"}\n')

@@ -43,7 +43,7 @@ def test_upcycle_arguments_are_checked_before_torch_is_imported(tiny_base_dir, t
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "model.safetensors").write_bytes(b"x")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    base = ["upcycle", "--base", str(tiny_base_dir), "--device", "cpu"]
+    base = ["upcycle", "--base", str(tiny_base_dir), "--device", "cpu", "--allow-demo-data"]
     cases = [
         ([*base, "--out", str(tmp_path / "other")],
          f"--out {tmp_path / 'other'}: holds files this run did not write (model.safetensors)"),
@@ -54,7 +54,8 @@ def test_upcycle_arguments_are_checked_before_torch_is_imported(tiny_base_dir, t
         ([*base, "--out", str(tmp_path / "o"), "--mla-layers", "0,0"], "--mla-layers [0, 0]: expected distinct"),
         ([*base, "--out", str(tmp_path / "o"), "--batch-size", "0"], "--batch-size 0: expected an integer >= 1"),
         ([*base, "--out", str(tmp_path / "o"), "--stages", "2k:foo"], "kind 'foo' is not 'ild' or 'kd'"),
-        (["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "no such directory"),
+        (["upcycle", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--allow-demo-data"],
+         "no such directory"),
         ([*base, "--out", str(tmp_path / "o"), "--device", "gpu"], "--device 'gpu': not a torch device"),
         ([*base, "--out", str(tmp_path / "o"), "--recipe", "HyLo-Nope"], "HyLo-Nope"),
     ]
@@ -93,13 +94,13 @@ def test_overwrite_writes_the_student_into_a_folder_holding_another_model(tiny_b
     from typer.testing import CliRunner
 
     from hylo_bench.cli import app
-    from hylo_bench.models.loading import demo_teacher_dir
+    from hylo_bench.models.checkpoint import demo_teacher_dir
 
     out = tmp_path / "teacher_copy"
     shutil.copytree(demo_teacher_dir(), out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     args = ["upcycle", "--base", str(tiny_base_dir), "--out", str(out), "--stages", "64:ild@300", "--batch-size", "2",
-            "--eval-windows", "0", "--device", "cpu", "--no-tensorboard"]
+            "--eval-windows", "0", "--device", "cpu", "--no-tensorboard", "--allow-demo-data"]
     res = CliRunner().invoke(app, args)  # once exited 0 and replaced the teacher's config.json and weights
     assert res.exit_code == 2 and "holds files this run did not write" in " ".join(res.output.split())
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from hylo_bench.upcycle.data import load_documents_with_ids
 from hylo_bench.upcycle.decontam import (
     EvalIndex,
     decontaminate,
@@ -15,6 +14,7 @@ from hylo_bench.upcycle.decontam import (
     normalize_words,
     word_ngrams,
 )
+from hylo_bench.upcycle.documents import load_documents_with_ids
 
 # 20 words; the planted training doc repeats words 3..15 (13 words) with other case and punctuation
 EVAL_CTX = ("A man is sitting on a roof. He starts pulling up roofing on a roof while his friend holds the "
@@ -105,8 +105,9 @@ def test_document_ids(tmp_path):
 
 
 def test_upcycle_drops_contaminated_documents(tiny_base_dir, tmp_path, eval_dir):
-    from hylo_bench.upcycle.data import shipped_text, split_documents
-    from hylo_bench.upcycle.run import UpcycleConfig, run
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.upcycle.documents import shipped_text, split_documents
+    from hylo_bench.upcycle.run import run
 
     clean = split_documents(shipped_text())[:40]
     planted = clean[5] + " " + " ".join(EVAL_WORDS[2:15])

@@ -29,11 +29,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hylo_bench.config.student import hybrid_config_for
+from hylo_bench.models.checkpoint import demo_teacher_dir
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.models.loading import demo_teacher_dir
-from hylo_bench.upcycle.data import build_windows, shipped_text, split_documents, text_windows
+from hylo_bench.upcycle.data import build_windows, text_windows
+from hylo_bench.upcycle.documents import shipped_text, split_documents
 from hylo_bench.upcycle.train.losses import eval_kl
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+from hylo_bench.upcycle.transfer import init_student
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from hylo_bench.models.checkpoint import load_hylo
-from hylo_bench.upcycle.run import UpcycleConfig, run
+from hylo_bench.config.upcycle import UpcycleConfig
+from hylo_bench.models.hybrid import load_hylo
+from hylo_bench.upcycle.run import run
 from hylo_bench.upcycle.train import distributed as dist_utils
 from hylo_bench.upcycle.train import trainer as trainer_mod
 

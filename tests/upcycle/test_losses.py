@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from hylo_bench.config.student import hybrid_config_for
 from hylo_bench.kernels.kl import kl_div_reference
 from hylo_bench.upcycle.train.losses import ild_loss, kd_loss, teacher_layer_io
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+from hylo_bench.upcycle.transfer import init_student
 from tests.conftest import make_base
 
 

@@ -58,14 +58,15 @@ def test_long_rows_fit_their_length_and_hold_their_answers(chat_teacher):
 def test_make_data_end_to_end(chat_teacher, tmp_path):
     import yaml
 
-    from hylo_bench.tasks.ruler.decoding import generate_batch
+    from hylo_bench.decode.greedy import generate_batch
+    from hylo_bench.tasks.ruler.cache import decontamination_samples
     from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 
     d, tok = chat_teacher
     cfg = MD.MakeDataConfig(out=str(tmp_path / "data"), teacher=str(d), lengths=[384, 768], long_rows=4,
                             instruction_rows=3, max_answer_tokens=8, device="cpu", ruler_tasks=["niah_single_1"],
                             ruler_samples=2, ruler_lengths=[768])
-    man = MD.make_data(cfg)
+    man = MD.make_data(cfg, ruler_samples=decontamination_samples)
     out = tmp_path / "data"
     assert man["rows"] == {"instructions": 3, "long-384": 4, "long-768": 4}
     instr = [json.loads(x) for x in (out / "instructions.jsonl").read_text().splitlines()]
@@ -85,21 +86,22 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
     # same settings, same bytes
     cfg2 = copy.deepcopy(cfg)
     cfg2.out = str(tmp_path / "again")
-    MD.make_data(cfg2)
+    MD.make_data(cfg2, ruler_samples=decontamination_samples)
     for f in ("instructions.jsonl", "long-384.jsonl", "long-768.jsonl", "mixture.yaml"):
         assert (out / f).read_bytes() == (tmp_path / "again" / f).read_bytes()
 
 
 def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
-    from hylo_bench.tasks.ruler.cache import load_or_generate
-    from hylo_bench.tasks.ruler.haystack import default_haystack_text
+    from hylo_bench.tasks.ruler.cache import decontamination_samples, load_or_generate
+    from hylo_bench.text.haystack import default_haystack_text
 
     _, tok = chat_teacher
     gold = load_or_generate("niah_single_1", tok, 512, 1, seed=42, haystack_text=default_haystack_text(),
                             chat_template=False, cache_dir=tmp_path / "cache")[0]["outputs"][0]
     rows = [{"messages": [{"role": "user", "content": "Question: x"}], "kind": "multi_needle", "placed": [gold]}]
     cfg = MD.MakeDataConfig(out=str(tmp_path), lengths=[512], ruler_tasks=["niah_single_1"], ruler_samples=1)
-    rep = MD.ruler_decontamination(rows, cfg, tok, default_haystack_text(), tmp_path / "cache")
+    rep = MD.ruler_decontamination(rows, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                   decontamination_samples)
     assert rep["num_gold_overlaps"] == 1 and rep["gold_overlaps"][0]["golds"] == [gold]
     # a sample with several golds overlaps only when one row holds them all
     sample = load_or_generate("niah_multivalue", tok, 1024, 1, seed=42, haystack_text=default_haystack_text(),
@@ -108,11 +110,12 @@ def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
     assert len(golds) > 1
     cfg = MD.MakeDataConfig(out=str(tmp_path), lengths=[1024], ruler_tasks=["niah_multivalue"], ruler_samples=1)
     split = [{"messages": rows[0]["messages"], "kind": "qa", "placed": [g]} for g in golds]
-    rep = MD.ruler_decontamination(split, cfg, tok, default_haystack_text(), tmp_path / "cache")
+    rep = MD.ruler_decontamination(split, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                   decontamination_samples)
     assert rep["num_gold_overlaps"] == 0 and rep["single_gold_hits_by_task"] == {"niah_multivalue": len(golds)}
     whole = [{"messages": rows[0]["messages"], "kind": "qa", "placed": list(golds)}]
-    assert MD.ruler_decontamination(whole, cfg, tok, default_haystack_text(), tmp_path / "cache")[
-        "num_gold_overlaps"] == 1
+    assert MD.ruler_decontamination(whole, cfg, tok, default_haystack_text(), tmp_path / "cache",
+                                    decontamination_samples)["num_gold_overlaps"] == 1
 
 
 def test_foreign_output_folder_is_refused(tmp_path):

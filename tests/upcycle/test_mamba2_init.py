@@ -48,7 +48,8 @@ def test_casts_to_mixer_dtype_and_checks_shapes():
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_init_student_uses_mapping_for_mamba_layers(kind):
-    from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+    from hylo_bench.config.student import hybrid_config_for
+    from hylo_bench.upcycle.transfer import init_student
 
     base = make_base(kind, vocab_size=97)
     cfg = hybrid_config_for(base.config, [1, 3], "mamba")
@@ -69,7 +70,8 @@ def test_init_student_uses_mapping_for_mamba_layers(kind):
 
 
 def test_layout_m2_resolves_to_mamba():
-    from hylo_bench.upcycle.run import UpcycleConfig, resolve_layout
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.upcycle.run import resolve_layout
 
     cfg = UpcycleConfig(out="/tmp/unused", layout="2MLA2M2")
     assert resolve_layout(cfg, 4) == ([1, 3], "mamba")

@@ -4,7 +4,6 @@ sharded components divide by the GPU count, activation components grow linearly 
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from hylo_bench.models.hybrid import HyLoForCausalLM

@@ -8,9 +8,10 @@ import logging
 
 import pytest
 
+from hylo_bench.config.upcycle import UpcycleConfig
+from hylo_bench.upcycle.run import run
 from hylo_bench.upcycle.train import trainer as trainer_mod
 from hylo_bench.upcycle.train.metrics import TrainLog, train_flops_per_token
-from hylo_bench.upcycle.run import UpcycleConfig, run
 from hylo_bench.upcycle.train.trainer import cosine_lr
 
 KEYS = {"stage", "stage_index", "kind", "step", "tokens_seen", "loss", "kl", "lr", "grad_norm", "tokens_per_s", "mfu",
@@ -49,7 +50,7 @@ def test_train_log_has_one_line_per_step(tiny_base_dir, tmp_path):
     assert walls == sorted(walls)
     # MFU = tokens/s * FLOPs/token / peak, FLOPs/token = 6 N_student + 2 N_teacher (embeddings excluded;
     # lm_heads excluded for ILD). Parameter counts from the configs, not from the code under test.
-    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.models.hybrid import load_hylo
 
     student = load_hylo(out, dtype=None)
     n_embed = student.config.vocab_size * student.config.hidden_size

@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture, mixture_windows, parse_mixture
+from hylo_bench.config.mixture import parse_mixture
+from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture, mixture_windows
 
 
 def _jsonl(path, texts, field="text"):
@@ -133,10 +134,11 @@ def test_windows_record_draws(sources, tiny_tokenizer):
 
 
 def test_upcycle_with_mixture_resumes_the_stream(tiny_base_dir, tmp_path, monkeypatch):
-    from hylo_bench.models.checkpoint import load_hylo
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.models.hybrid import load_hylo
+    from hylo_bench.upcycle.documents import shipped_text, split_documents
+    from hylo_bench.upcycle.run import run
     from hylo_bench.upcycle.train import trainer as trainer_mod
-    from hylo_bench.upcycle.data import shipped_text, split_documents
-    from hylo_bench.upcycle.run import UpcycleConfig, run
 
     docs = split_documents(shipped_text())
     _jsonl(tmp_path / "d" / "one.jsonl", docs[:60])

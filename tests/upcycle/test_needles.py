@@ -11,9 +11,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from hylo_bench.models.loading import demo_teacher_dir
+from hylo_bench.models.checkpoint import demo_teacher_dir
 from hylo_bench.tasks.ruler import generate_sample
-from hylo_bench.upcycle.data import retrieval_examples, shipped_text
+from hylo_bench.upcycle.data import retrieval_examples
+from hylo_bench.upcycle.documents import shipped_text
 from hylo_bench.upcycle.needles import DenseConfig, DenseDataset, DenseRows, group_digits
 
 
@@ -92,7 +93,8 @@ def test_batches_depend_on_step_only(tok, text_ids):
 
 def test_curriculum_caps_row_length(tok, text_ids):
     rows = _rows(tok, text_ids, start_len=200, max_len=1000, ramp_steps=100, min_len=100, fit_short_rows=True)
-    assert (rows.max_len_at(0), rows.max_len_at(50), rows.max_len_at(100), rows.max_len_at(10**6)) == (200, 600, 1000, 1000)
+    assert (rows.max_len_at(0), rows.max_len_at(50), rows.max_len_at(100),
+            rows.max_len_at(10**6)) == (200, 600, 1000, 1000)
     lengths = [(r != tok.pad_token_id).sum().item() for r in rows.batch(0)[0]]
     assert max(lengths) <= 200 * 1.3  # lengths come from average token rates: some slack
 

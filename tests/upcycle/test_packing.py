@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hylo_bench.config.mixture import parse_mixture
+from hylo_bench.config.student import hybrid_config_for
 from hylo_bench.models.varlen import cu_seqlens_from_position_ids
 from hylo_bench.upcycle.data import build_rows, build_windows, text_rows
-from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows, mixture_windows, parse_mixture
+from hylo_bench.upcycle.mixture import MixtureSampler, mixture_rows, mixture_windows
 from hylo_bench.upcycle.packing import pack_documents, positions_from_starts
 from hylo_bench.upcycle.train.losses import ild_loss, kd_loss, teacher_layer_io
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+from hylo_bench.upcycle.transfer import init_student
 from tests.conftest import make_base
 
 EOS = 1

@@ -8,12 +8,13 @@ import json
 import pytest
 import yaml
 
-from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture, parse_mixture
-from hylo_bench.upcycle.run import UpcycleConfig, check_demo_data, validate_config
+from hylo_bench.config.mixture import parse_mixture
+from hylo_bench.config.upcycle import UpcycleConfig, check_demo_data, upcycle_config_from_recipe, validate_config
+from hylo_bench.upcycle.mixture import MixtureSampler, load_mixture
 
 
 def test_every_released_recipe_carries_the_model_card_mixture():
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
 
     for name in R.list_recipes():
         r = R.load_recipe(name)
@@ -24,13 +25,13 @@ def test_every_released_recipe_carries_the_model_card_mixture():
 
 
 def test_recipe_data_offline_fails_naming_the_hub_dataset(monkeypatch, tmp_path):
-    from hylo_bench.upcycle import recipes as R
+    from hylo_bench.config import recipes as R
     from hylo_bench.upcycle.data import load_corpus
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
-    cfg = R.upcycle_config_from_recipe(R.load_recipe("HyLo-Llama-4MLA12GDN-8K-SFT"), str(tmp_path / "o"), {})
+    cfg = upcycle_config_from_recipe(R.load_recipe("HyLo-Llama-4MLA12GDN-8K-SFT"), str(tmp_path / "o"), {})
     assert cfg.data["mixture"]["sources"][0]["hub"] == "JunxiongWang/sftdatasetv3"
     check_demo_data(cfg)  # a recipe's data is not the demo text
     with pytest.raises(ValueError, match=r"hub dataset 'JunxiongWang/sftdatasetv3' .*could not be loaded.*no other "

@@ -8,11 +8,13 @@ import os
 import pytest
 import torch
 
-from hylo_bench.models.checkpoint import load_hylo
-from hylo_bench.upcycle.train import trainer as trainer_mod
-from hylo_bench.upcycle.run import UpcycleConfig, run
+from hylo_bench.config.student import hybrid_config_for
+from hylo_bench.config.upcycle import UpcycleConfig
+from hylo_bench.models.hybrid import load_hylo
+from hylo_bench.upcycle.run import run
 from hylo_bench.upcycle.stages import parse_stages
-from hylo_bench.upcycle.transfer import hybrid_config_for, init_student
+from hylo_bench.upcycle.train import trainer as trainer_mod
+from hylo_bench.upcycle.transfer import init_student
 
 
 def _cfg(base_dir, out, **kw):
@@ -60,7 +62,9 @@ def test_doc_boundaries_default_is_kd_except_for_the_demo_book():
 
 
 def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
-    manifest = run(_cfg(tiny_base_dir, tmp_path / "out", doc_boundaries="kd"))
+    from hylo_bench.reports import store
+
+    manifest = run(_cfg(tiny_base_dir, tmp_path / "out", doc_boundaries="kd"), on_result=store.recorder())
     out = tmp_path / "out"
     assert [s["status"] for s in manifest["stages"]] == ["done", "done"]
     assert [s["name"] for s in manifest["stages"]] == ["ild-128", "kd-512"]
@@ -77,9 +81,8 @@ def test_upcycle_run_writes_manifest_and_checkpoints(tiny_base_dir, tmp_path):
     ild_pack, kd_pack = manifest["stages"][0]["packing"], manifest["stages"][1]["packing"]
     assert (ild_pack["doc_boundaries"], kd_pack["doc_boundaries"]) == (False, True)
     assert kd_pack["rows"] == 3 * 2 and kd_pack["seq_len"] == 512 and kd_pack["segments"] > kd_pack["rows"]
-    # the training log went to the results store (this test's $HYLO_BENCH_DB) after every stage, once per step
-    from hylo_bench.reports import store
-
+    # the training log went to on_result, the results store (this test's $HYLO_BENCH_DB), after every stage, once
+    # per step
     engine = store.open_store(os.environ["HYLO_BENCH_DB"], create=False)
     assert store.table_counts(engine)["runs"] == 1
     log = store.train_log_frame(engine)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hylo_bench.config.student import hybrid_config_for
 from hylo_bench.upcycle.select import (
     auto_layout,
     choose_layers,
@@ -18,7 +19,6 @@ from hylo_bench.upcycle.select import (
     score_layers,
     select_layers,
 )
-from hylo_bench.upcycle.student_config import hybrid_config_for
 from tests.conftest import make_base
 
 
@@ -123,8 +123,9 @@ def test_spread_constraint_holds_for_random_scores():
 
 
 def test_upcycle_auto_layout_writes_selection(tmp_path, tiny_tokenizer):
-    from hylo_bench.models.checkpoint import load_hylo
-    from hylo_bench.upcycle.run import UpcycleConfig, run
+    from hylo_bench.config.upcycle import UpcycleConfig
+    from hylo_bench.models.hybrid import load_hylo
+    from hylo_bench.upcycle.run import run
 
     base_dir = tmp_path / "base"
     base = _peaked_base(important=3, vocab_size=len(tiny_tokenizer))

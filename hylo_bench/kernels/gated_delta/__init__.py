@@ -1,14 +1,13 @@
 """Gated delta rule (Gated DeltaNet recurrence): one public entry with back ends, plus reference and step ops.
 
 Back ends: "torch" (pure-torch chunked, any device, autograd) and "fla" (fla 0.6.0 ``chunk_gated_delta_rule``
-on CUDA/ROCm, imported lazily). "auto" picks per call and logs each distinct choice once.
+on CUDA/ROCm, imported lazily). "auto" picks per call through the kernel registry (choice ``gdn``:
+:func:`select_gdn_backend`, ``$HYLO_BENCH_GDN_BACKEND``; :mod:`hylo_bench.kernels.registry`) and logs each distinct
+choice once.
 State layout everywhere: [B, HV, K, V] K-first, float32 (float64 for float64 inputs on the torch paths).
 """
 
 from __future__ import annotations
-
-import functools
-import logging
 
 import torch
 
@@ -21,6 +20,7 @@ from hylo_bench.kernels.gated_delta.fla_backend import (
     select_gdn_backend,
 )
 from hylo_bench.kernels.gated_delta.reference import gated_delta_rule_reference
+from hylo_bench.kernels.registry import KernelChoice, fla_installed, register, triton_available
 
 __all__ = [
     "GDNEnvironment",
@@ -31,22 +31,19 @@ __all__ = [
     "gated_delta_rule_step",
     "probe_gdn_environment",
     "select_gdn_backend",
+    "select_gdn_decode_backend",
+    "select_prestep_backend",
 ]
 
-logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "fla")
-
-
-@functools.cache
-def _log_choice_once(name: str, reason: str) -> None:
-    label = "torch chunked" if name == "torch" else "fla"
-    logger.info("GDN backend: %s (%s)", label, reason)
+CHOICE = register(KernelChoice("gdn", "GDN backend", ("fla", "torch"), select_gdn_backend,
+                               describe=lambda name: "torch chunked" if name == "torch" else "fla"))
 
 
 @torch.compiler.disable  # environment probing and logging: plain Python, never traced
 def _select_and_log(device: torch.device, needs_grad: bool, dtype: torch.dtype) -> str:
-    backend, reason = select_gdn_backend(device, needs_grad, dtype=dtype)
-    _log_choice_once(backend, reason)
+    backend, reason = CHOICE.choose(device, needs_grad, dtype=dtype)
+    CHOICE.log(backend, reason)
     return backend
 
 
@@ -111,3 +108,88 @@ def gated_delta_rule(
             raise ValueError(f"backend='fla' needs CUDA/ROCm tensors; got {q.device}. Use backend='torch'.")
         return fla_chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, **kwargs)
+
+
+GDN_DECODE_BACKENDS = ("auto", "torch", "fla", "triton")
+PRESTEP_BACKENDS = ("auto", "torch", "triton")
+
+
+def _auto_gdn_decode(device: torch.device, dtype: torch.dtype, conv_size: int = 4) -> tuple[str, str]:
+    """GDN decode for "auto": triton on CUDA (non-float64, 4-tap convs) when Triton imports, else fla on CUDA when
+    installed, else torch."""
+    if device.type == "cuda" and dtype != torch.float64 and conv_size == 4 and triton_available():
+        return "triton", "CUDA, 4-tap convs"
+    if device.type == "cuda" and dtype != torch.float64 and fla_installed():
+        return "fla", "CUDA, fla installed"
+    return "torch", f"device {device.type}" if device.type != "cuda" else "float64, or neither Triton nor fla"
+
+
+DECODE_CHOICE = register(KernelChoice("gdn_decode", "GDN decode backend", ("triton", "fla", "torch"),
+                                      _auto_gdn_decode))
+
+
+def select_gdn_decode_backend(device: torch.device, dtype: torch.dtype, backend: str, conv_size: int = 4) -> str:
+    """The GDN decode back end: "triton" (the whole token, convolutions to output, in one kernel:
+    :mod:`hylo_bench.kernels.gated_delta.decode_token_triton`), "fla" (fla's recurrent kernel after the pre-step) or
+    "torch". "auto": triton on CUDA (non-float64, 4-tap convs) when Triton imports, else fla on CUDA when installed,
+    else torch.
+
+    Raises:
+        ValueError: unknown backend; "fla" or "triton" requested off CUDA; "triton" for float64 or a conv width
+            other than 4.
+        ImportError: "fla" requested but not installed; "triton" requested but Triton does not import.
+    """
+    if backend not in GDN_DECODE_BACKENDS:
+        raise ValueError(f"GDN decode backend {backend!r}; expected one of {GDN_DECODE_BACKENDS}")
+    if backend == "auto":
+        forced = DECODE_CHOICE.override()  # $HYLO_BENCH_GDN_DECODE_BACKEND: then checked as an explicit request
+        if forced is None:
+            return DECODE_CHOICE.select(device, dtype, conv_size)[0]
+        backend = forced
+    if backend in ("fla", "triton") and device.type != "cuda":
+        raise ValueError(f"GDN decode backend {backend!r} needs CUDA; got {device}. Use 'torch'.")
+    if backend == "triton":
+        if dtype == torch.float64 or conv_size != 4:
+            raise ValueError(f"GDN decode backend 'triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
+                             f"conv_size={conv_size}, {dtype} (use 'torch' or 'auto')")
+        if not triton_available():
+            raise ImportError("GDN decode backend 'triton' needs Triton (it ships with CUDA builds of torch)")
+    if backend == "fla" and not fla_installed():
+        raise ImportError("GDN decode backend 'fla' needs flash-linear-attention: pip install "
+                          "'hylo-bench[gpu]' (or flash-linear-attention fla-core[cuda])")
+    return backend
+
+
+def _auto_prestep(device: torch.device, dtype: torch.dtype, conv_size: int) -> tuple[str, str]:
+    if device.type == "cuda" and dtype != torch.float64 and triton_available() and conv_size == 4:
+        return "triton", "CUDA, 4-tap convs"
+    return "torch", "not CUDA, float64, no Triton or not 4-tap convs"
+
+
+PRESTEP_CHOICE = register(KernelChoice("gdn_prestep", "GDN decode pre-step backend", ("triton", "torch"),
+                                       _auto_prestep))
+
+
+def select_prestep_backend(device: torch.device, dtype: torch.dtype, backend: str, conv_size: int,
+                           check: bool = True) -> str:
+    """GDN decode's convolutions + SiLU + gates (when the token kernel does not do them): "torch", "triton" (one
+    kernel, CUDA, 4-tap convs) or "auto" (kernel registry choice ``gdn_prestep``: triton on CUDA when Triton imports,
+    the convs have 4 taps and the weights are not float64, else torch).
+
+    Args:
+        check: validate an explicit "triton" request against the mixer (a GDN mixer; Mamba-2 has no pre-step).
+
+    Raises:
+        ValueError: unknown backend, or "triton" (with ``check``) off CUDA, in float64 or with another conv width.
+    """
+    if backend not in PRESTEP_BACKENDS:
+        raise ValueError(f"prestep_backend={backend!r}; expected one of {PRESTEP_BACKENDS}")
+    if backend == "auto":
+        backend = PRESTEP_CHOICE.override() or PRESTEP_CHOICE.select(device, dtype, conv_size)[0]
+    if backend == "triton" and check:
+        if conv_size != 4 or dtype == torch.float64:
+            raise ValueError(f"prestep_backend='triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
+                             f"conv_size={conv_size or None}, {dtype} (use 'torch' or 'auto')")
+        if device.type != "cuda":
+            raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {device}")
+    return backend

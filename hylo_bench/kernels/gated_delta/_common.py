@@ -21,11 +21,6 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 inputs, float32 for every other float dtype (the ops' internal precision)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
+from hylo_bench.kernels.gated_delta._common import check_inputs, prepare_qk
 from hylo_bench.kernels.gated_delta.reference import recurrent_update
+from hylo_bench.kernels.precision import compute_dtype
 from hylo_bench.kernels.varlen import (
     final_states,
     gather_padded,

@@ -1,9 +1,9 @@
 """Triton version of :func:`hylo_bench.kernels.gated_delta.decode_prestep.gdn_decode_prestep_reference`: one
 launch per GDN layer and decode token. CUDA only; imported lazily.
 
-Grid (channel blocks + 1, B); W = 4 taps. A channel program loads its channels' 3 cached taps and the new input, writes the
-shifted cache (each thread reads all of its channel's taps before writing them, so the in-place shift is safe),
-sums the taps in float32, rounds to the model dtype, applies SiLU and stores the activation. The extra program
+Grid (channel blocks + 1, B); W = 4 taps. A channel program loads its channels' 3 cached taps and the new input,
+writes the shifted cache (each thread reads all of its channel's taps before writing them, so the in-place shift is
+safe), sums the taps in float32, rounds to the model dtype, applies SiLU and stores the activation. The extra program
 computes the H gates.
 """
 

@@ -20,6 +20,7 @@ import torch
 from packaging.version import InvalidVersion, Version
 
 from hylo_bench.kernels.gated_delta._common import check_inputs
+from hylo_bench.kernels.registry import fla_installed
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _has_nvcc() -> bool:
 
 def probe_gdn_environment(device: torch.device) -> GDNEnvironment:
     """Read versions, capability and TileLang availability for a CUDA/ROCm ``device`` (no fla import)."""
-    fla_present = importlib.util.find_spec("fla") is not None
+    fla_present = fla_installed()
     tilelang_usable = (
         importlib.util.find_spec("tilelang") is not None
         and os.environ.get("FLA_TILELANG", "1") != "0"

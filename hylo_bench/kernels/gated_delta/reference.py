@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from hylo_bench.kernels.gated_delta._common import check_inputs, compute_dtype, prepare_qk
+from hylo_bench.kernels.gated_delta._common import check_inputs, prepare_qk
+from hylo_bench.kernels.precision import compute_dtype
 
 
 def recurrent_update(

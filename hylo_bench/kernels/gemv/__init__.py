@@ -3,27 +3,45 @@
 Back ends: "torch" (:func:`fused_gemv_reference`, any device; under ``torch.compile`` Inductor fuses the element-wise
 parts and calls cuBLAS for the product) and "triton" (one kernel per GEMV, CUDA only, at most
 ``triton_kernel.MAX_ROWS`` rows; imported lazily). The serving engine picks one per engine
-(``Engine(gemv_backend=...)``).
+(``Engine(gemv_backend=...)``; "auto" through the kernel registry, choice ``gemv``: :func:`select_gemv_backend`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from hylo_bench.kernels.gemv.reference import check_gemv_inputs, fused_gemv_reference
+from hylo_bench.kernels.registry import KernelChoice, register, triton_available
 
-__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference", "triton_available",
+__all__ = ["GEMV_BACKENDS", "MAX_TRITON_ROWS", "fused_gemv", "fused_gemv_reference", "select_gemv_backend",
            "triton_serves"]
 
 GEMV_BACKENDS = ("torch", "triton")
 MAX_TRITON_ROWS = 16  # = triton_kernel.MAX_ROWS (kept here so the CPU path need not import Triton)
 
 
-def triton_available() -> bool:
-    """Whether Triton imports (it ships with CUDA / ROCm builds of torch, not with the CPU wheels)."""
-    return importlib.util.find_spec("triton") is not None
+def _auto_gemv(device: torch.device, dtype: torch.dtype, merged_projections: bool) -> tuple[str, str]:
+    """The engine's ``gemv_backend="auto"``: triton with merged projections on CUDA (not float64) when Triton
+    imports, torch otherwise."""
+    if not merged_projections:
+        return "torch", "projections not merged"
+    if device.type != "cuda":
+        return "torch", f"device {device.type}"
+    if dtype == torch.float64:
+        return "torch", "float64 weights"
+    if not triton_available():
+        return "torch", "triton not installed"
+    return "triton", "CUDA, merged projections"
+
+
+CHOICE = register(KernelChoice("gemv", "decode GEMV backend", ("triton", "torch"), _auto_gemv))
+
+
+def select_gemv_backend(device: torch.device, dtype: torch.dtype, merged_projections: bool) -> str:
+    """The decode GEMV back end for ``gemv_backend="auto"`` (kernel registry choice ``gemv``; logged once)."""
+    backend, reason = CHOICE.choose(device, dtype, merged_projections)
+    CHOICE.log(backend, reason)
+    return backend
 
 
 def triton_serves(device: torch.device, dtype: torch.dtype, rows: int) -> bool:

@@ -57,7 +57,8 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: 
         x: [..., K] (``[..., 2K]`` = ``[gate ; up]`` when ``glu``), model dtype.
         weight: [N, K] (``nn.Linear`` layout).
         norm_weight: [K]: prologue ``LlamaRMSNorm``: ``w * (x / sqrt(mean(x^2) + eps))`` with the statistics in
-            float32 (also for float64 x) and the normalised x rounded to x's dtype before the weight multiply (as transformers does).
+            float32 (also for float64 x) and the normalised x rounded to x's dtype before the weight multiply (as
+            transformers does).
         glu: prologue SwiGLU: ``silu(gate) * up`` (``LlamaMLP``'s ``act_fn(gate_proj(x)) * up_proj(x)``).
         residual: [..., N] added after the product (``h + o_proj(o)``).
         gate: [..., K] with norm_weight [G] (G dividing K): prologue = Gated DeltaNet's output norm

@@ -6,8 +6,8 @@ in [BLOCK_N, BLOCK_K] tiles (rows contiguous in K, so each tile is BLOCK_N coale
 the matching slice of every input row, accumulating in float32. Inputs are tiny next to W (K elements per row,
 L2-resident), so each program recomputes the prologue itself: the RMSNorm statistics in a first pass over x
 (or, with ``ONE_PASS_NORM``, in the main loop: the result then differs from LlamaRMSNorm's by its two bf16 roundings
-of the normalised input), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a decode step's shapes
-(N >= 1536) give hundreds of programs at BLOCK_N <= 8.
+of the normalised input), or ``silu(gate) * up`` tile by tile. No split over K, so no second reduction kernel: a
+decode step's shapes (N >= 1536) give hundreds of programs at BLOCK_N <= 8.
 
 Second kernel, ``KERNEL = "persistent"``: a grid of GRID_MULT programs per multiprocessor (or one program per
 tile with GRID_MULT 0), each walking its [BLOCK_N, BLOCK_K] tiles of W (tile t of the flattened (row block, K
@@ -283,13 +283,15 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
         kern = _fused_gemv_tma_kernel if tma else _fused_gemv_persistent_kernel
         kern[_persistent_grid(_N_SM[dev])](
             x2, weight, wd, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
-            y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
+            y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None,
+            M_PAD=triton.next_power_of_2(M),
             USE_TMA=tma)
         return y.view(*lead, N)
     # with PDL the kernel reads W before the previous kernel has finished: not when that kernel wrote W (the copy)
     pdl = use_pdl(x.device) and weight_is_input
     _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0), y.stride(0),
-        float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M), ONE_PASS=ONE_PASS_NORM,
+        float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
+        ONE_PASS=ONE_PASS_NORM,
         PDL=pdl, launch_pdl=pdl)
     return y.view(*lead, N)

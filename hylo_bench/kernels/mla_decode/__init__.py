@@ -1,30 +1,24 @@
 """Absorbed-weight MLA decode attention over the latent cache: one public entry with back ends.
 
 Back ends: "torch" (:func:`mla_decode_reference`, any device) and "triton" (split-KV kernel, CUDA only,
-imported lazily). "auto" picks triton on CUDA when Triton imports, torch otherwise, and logs each choice once.
+imported lazily). "auto" picks triton on CUDA when Triton imports, torch otherwise, and logs each choice once
+(kernel registry choice ``mla_decode``, ``$HYLO_BENCH_MLA_DECODE_BACKEND``).
 Math: checkpoint-format.md §6 (absorbed query q_lat = W_UK^T q_nope, latent output times W_UV afterwards).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import logging
 
 import torch
 
 from hylo_bench.kernels.mla_decode.reference import check_decode_inputs, mla_decode_reference
+from hylo_bench.kernels.registry import KernelChoice, register, triton_available
 
 __all__ = ["mla_decode", "mla_decode_reference", "select_mla_decode_backend"]
 
-logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "triton")
 TRITON_HINT = "install Triton (it comes with the CUDA build of torch: pip install torch --index-url ...cu1xx)"
-
-
-@functools.cache
-def _log_choice_once(name: str, reason: str) -> None:
-    logger.info("MLA decode backend: %s (%s)", name, reason)
 
 
 @functools.cache
@@ -34,9 +28,12 @@ def select_mla_decode_backend(device: torch.device, dtype: torch.dtype) -> tuple
         return "torch", f"device {device.type}"
     if dtype == torch.float64:
         return "torch", "float64 inputs"
-    if importlib.util.find_spec("triton") is None:
+    if not triton_available():
         return "torch", "triton not installed"
     return "triton", "CUDA"
+
+
+CHOICE = register(KernelChoice("mla_decode", "MLA decode backend", ("triton", "torch"), select_mla_decode_backend))
 
 
 def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *,
@@ -55,8 +52,8 @@ def mla_decode(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, l
         raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
     check_decode_inputs(q_lat, q_rope, cache, lengths, key_scale)
     if backend == "auto":
-        backend, reason = select_mla_decode_backend(cache.device, q_lat.dtype)
-        _log_choice_once(backend, reason)
+        backend, reason = CHOICE.choose(cache.device, q_lat.dtype)
+        CHOICE.log(backend, reason)
     if backend == "triton":
         if cache.device.type != "cuda":
             raise ValueError(f"backend='triton' needs CUDA tensors; got {cache.device}. Use backend='torch'.")

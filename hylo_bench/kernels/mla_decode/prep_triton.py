@@ -1,7 +1,7 @@
 """The per-token work of an MLA decode step between its projections and the attention kernel, in one Triton
 launch: the query's q-norm, RoPE and weight absorption (``q_lat = W_UK'[g]^T q_nope``), and the new cache row
 (optional ``kv_a_layernorm``, the key scales of q/k-norm models, the rotated rope key) written at each sequence's
-position. CUDA only; imported lazily. Torch reference: :meth:`hylo_bench.serving.mla_layer.MLAServing.prep_torch`
+position. CUDA only; imported lazily. Torch reference: :meth:`hylo_bench.decode.mla_layer.MLAServing.prep_torch`
 (the engine's unfused path), which it matches up to summation order (same roundings to the model dtype).
 
 On the H200 this replaced about nine launches per MLA layer (cuBLAS for ``kv_b`` and the absorbed einsum, Inductor
@@ -10,7 +10,7 @@ kernels for the norms, RoPE and cache writes), each mostly launch latency: a dec
 Grid (H + G, B): programs 0..H-1 are query heads, programs H..H+G-1 key groups (group g computes the key scale of
 group g; group 0 also writes the latent row). Legend: B batch, H query heads, G KV groups, N = qk_nope_head_dim,
 P = qk_rope_head_dim, V = v_head_dim, R = kv_lora_rank, QK = N + P. Maths: checkpoint-format.md §5.2 (interleaved
-RoPE, YaRN mscale), §6 (absorption); :mod:`hylo_bench.serving.mla_layer` (key scales of q/k-norm models).
+RoPE, YaRN mscale), §6 (absorption); :mod:`hylo_bench.decode.mla_layer` (key scales of q/k-norm models).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def _mla_decode_prep_kernel(Q, LAT, POS, CACHE, KS, WUK, KVB, QNW, KNW, KVAW, IN
                             stride_qb, stride_lb, stride_cb, stride_ct, stride_kb, stride_kt,
                             mscale, q_eps, k_eps, kva_eps, QL, QPE, LEN,
                             H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, P: tl.constexpr, V: tl.constexpr,
-                            R: tl.constexpr, NKEY: tl.constexpr, QK_NORM: tl.constexpr, KVA_NORM: tl.constexpr, BN: tl.constexpr,
+                            R: tl.constexpr, NKEY: tl.constexpr, QK_NORM: tl.constexpr, KVA_NORM: tl.constexpr,
+                            BN: tl.constexpr,
                             BP2: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -168,15 +169,17 @@ def mla_decode_prep_triton(q: torch.Tensor, lat: torch.Tensor, positions: torch.
         kv_a_norm_weight if kv_a_norm_weight is not None else dummy, inv_freq,
         q2.stride(0), l2.stride(0), cache.stride(0), cache.stride(1), ks.stride(0), ks.stride(1),
         float(mscale), float(q_eps), float(k_eps), float(kv_a_eps), q_lat, q_pe, lengths,
-        H=H, G=G, N=N, P=P, V=V, R=R, NKEY=G if q_norm_weight is not None else 1, QK_NORM=q_norm_weight is not None, KVA_NORM=kv_a_norm_weight is not None,
+        H=H, G=G, N=N, P=P, V=V, R=R, NKEY=G if q_norm_weight is not None else 1, QK_NORM=q_norm_weight is not None,
+        KVA_NORM=kv_a_norm_weight is not None,
         BN=max(16, triton.next_power_of_2(N)), BP2=max(16, triton.next_power_of_2(P // 2)),
         BLOCK_R=min(64, max(16, triton.next_power_of_2(R))), PDL=pdl, num_warps=4, launch_pdl=pdl)
     return q_lat, q_pe, lengths
 
 
 @triton.jit
-def _mla_value_up_kernel(OL, WUV, Out, stride_wg, stride_wv, stride_ob, H: tl.constexpr, G: tl.constexpr, V: tl.constexpr,
-                         R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+def _mla_value_up_kernel(OL, WUV, Out, stride_wg, stride_wv, stride_ob, H: tl.constexpr, G: tl.constexpr,
+                         V: tl.constexpr, R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program (b * H + h, v block): out[b, h*V + v] = sum_r W_UV[g(h), v, r] round(o_lat[b, h, r])."""
     bh = tl.program_id(0)
     h = bh % H
@@ -185,7 +188,8 @@ def _mla_value_up_kernel(OL, WUV, Out, stride_wg, stride_wv, stride_ob, H: tl.co
     mv = offs_v < V
     offs_r = tl.arange(0, BLOCK_R)
     mr = offs_r < R
-    w = tl.load(WUV + g * stride_wg + offs_v[:, None] * stride_wv + offs_r[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+    w = tl.load(WUV + g * stride_wg + offs_v[:, None] * stride_wv + offs_r[None, :], mask=mv[:, None] & mr[None, :],
+                other=0.0)
     if PDL:  # W_UV is a constant: loaded while the attention's combine kernel finishes
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -40,7 +40,7 @@ def mla_decode_reference(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch
     ``s[b, h, t] = scale * ks[b, t, g(h)] * (q_lat[b, h] . c[b, t] + q_rope[b, h] . kr[b, t])`` for t < lengths[b]
     (masked otherwise), ``out[b, h] = sum_t softmax_t(s[b, h]) c[b, t]``. ``ks`` = 1 without ``key_scale``; with
     Qwen3 q/k norms it holds the per-token, per-KV-group inverse RMS of the assembled key (see
-    :mod:`hylo_bench.serving.mla_layer`). Head h belongs to group g(h) = h // (H / G).
+    :mod:`hylo_bench.decode.mla_layer`). Head h belongs to group g(h) = h // (H / G).
 
     Args:
         q_lat: [B, H, R] absorbed queries ``W_UK[g(h)]^T q_nope[h]``.

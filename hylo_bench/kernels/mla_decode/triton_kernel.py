@@ -19,13 +19,15 @@ import triton.language as tl
 
 from hylo_bench.kernels.tuning import fastest
 
-BLOCK_N = 32  # split granularity in tokens; the kernel's own tile (tuned, SPLIT_CONFIGS) may be larger, masks cover the rest
+# split granularity in tokens; the kernel's own tile (tuned, SPLIT_CONFIGS) may be larger, masks cover the rest
+BLOCK_N = 32
 TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
 
 
 # (BLOCK_N, num_warps, num_stages) candidates of the split kernel. The first call per shape times each with every
 # sequence at full cache length (:func:`hylo_bench.kernels.tuning.fastest`): Triton's autotuner timed whatever
-# lengths the first call had, so an engine sized for 64K but first run at 8K kept a config that read the 64K cache at 18 -> 25 us per layer
+# lengths the first call had, so an engine sized for 64K but first run at 8K kept a config that read the 64K cache at
+# 18 -> 25 us per layer
 # (H200: 58.4 % of the bandwidth bound at 64K instead of 60.1 %; benchmarks/results/decode_profile_glue.json and
 # decode_profile_64k_tuned_at_64k.json).
 SPLIT_CONFIGS = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))

@@ -2,29 +2,22 @@
 
 Back ends: "torch" (pure-torch chunked, any device, autograd) and "fla" (fla 0.6.0 ``chunk_simple_gla`` on
 CUDA, forward only, imported lazily). "auto" picks torch on CPU, for float64 and whenever gradients are
-needed; fla on CUDA when it is installed. State layout everywhere: [B, H, P, N] (mamba_ssm ``ssm_state``).
+needed; fla on CUDA when it is installed (kernel registry choice ``ssd``, ``$HYLO_BENCH_SSD_BACKEND``). State layout
+everywhere: [B, H, P, N] (mamba_ssm ``ssm_state``).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
+from hylo_bench.kernels.registry import KernelChoice, fla_installed, register
 from hylo_bench.kernels.ssd.chunk import DEFAULT_CHUNK_SIZE, ssd_scan_chunked, ssd_step
-from hylo_bench.kernels.ssd.gpu import fla_available, fla_ssd_scan
+from hylo_bench.kernels.ssd.gpu import fla_ssd_scan
 from hylo_bench.kernels.ssd.reference import ssd_scan_reference
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ssd_scan", "ssd_scan_chunked", "ssd_scan_reference", "ssd_step"]
 
-logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "fla")
-
-
-@functools.cache
-def _log_choice_once(name: str, reason: str) -> None:
-    logger.info("SSD backend: %s (%s)", name, reason)
 
 
 def select_ssd_backend(device: torch.device, needs_grad: bool, dtype: torch.dtype) -> tuple[str, str]:
@@ -35,9 +28,19 @@ def select_ssd_backend(device: torch.device, needs_grad: bool, dtype: torch.dtyp
         return "torch", "float64 inputs"
     if needs_grad:
         return "torch", "gradients needed; fla chunk_simple_gla backward is blocked on Hopper (kernels.md 9.3)"
-    if not fla_available():
+    if not fla_installed():
         return "torch", "fla not installed"
     return "fla", "CUDA, forward only"
+
+
+CHOICE = register(KernelChoice("ssd", "SSD backend", ("fla", "torch"), select_ssd_backend))
+
+
+@torch.compiler.disable  # environment and logging: plain Python, never traced
+def _select_and_log(device: torch.device, needs_grad: bool, dtype: torch.dtype) -> str:
+    backend, reason = CHOICE.choose(device, needs_grad, dtype)
+    CHOICE.log(backend, reason)
+    return backend
 
 
 def ssd_scan(
@@ -76,8 +79,7 @@ def ssd_scan(
     if backend == "auto":
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, dt, A, B, C, D, dt_bias, initial_state))
-        backend, reason = select_ssd_backend(x.device, needs_grad, x.dtype)
-        _log_choice_once(backend, reason)
+        backend = _select_and_log(x.device, needs_grad, x.dtype)
     kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, initial_state=initial_state, cu_seqlens=cu_seqlens)
     if backend == "fla":
         return fla_ssd_scan(x, dt, A, B, C, **kwargs)

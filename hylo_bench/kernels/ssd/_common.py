@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.gated_delta._common import compute_dtype  # noqa: F401  (shared float32/float64 rule)
-
 
 def check_inputs(
     x: torch.Tensor,

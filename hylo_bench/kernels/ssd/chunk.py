@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from hylo_bench.kernels.ssd._common import check_inputs, compute_dtype, prepare_dt, repeat_groups
+from hylo_bench.kernels.precision import compute_dtype
+from hylo_bench.kernels.ssd._common import check_inputs, prepare_dt, repeat_groups
 from hylo_bench.kernels.varlen import (
     final_states,
     gather_padded,

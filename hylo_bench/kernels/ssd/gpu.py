@@ -7,16 +7,9 @@ v = dt * x, g = dt * A (log decay), scale 1; D * x is added afterwards. fla's st
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from hylo_bench.kernels.ssd._common import check_inputs, prepare_dt, repeat_groups
-
-
-def fla_available() -> bool:
-    """True when the ``fla`` package can be found (it is not imported here)."""
-    return importlib.util.find_spec("fla") is not None
 
 
 def fla_ssd_scan(

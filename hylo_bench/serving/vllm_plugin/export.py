@@ -43,7 +43,7 @@ def vllm_config_dict(spec) -> dict[str, Any]:
     """The ``config.json`` vLLM needs for a HyLo hybrid.
 
     Args:
-        spec: a :class:`hylo_bench.models.spec.HybridSpec` (or ``HyLoConfig``).
+        spec: a :class:`hylo_bench.config.hybrid.HybridSpec` (or ``HyLoConfig``).
 
     Returns:
         JSON-serialisable dict (keys described in the module docstring).
@@ -153,7 +153,7 @@ def export_vllm(ckpt: str | Path, out: str | Path) -> Path:
         FileNotFoundError: a missing config file or no weight file in ``ckpt``.
         ValueError: ``out`` is ``ckpt``, or the layout cannot be served (see :func:`vllm_config_dict`).
     """
-    from hylo_bench.models.spec import HybridSpec
+    from hylo_bench.config.hybrid import HybridSpec
 
     src, dst = Path(ckpt), Path(out)
     if dst.exists() and dst.resolve() == src.resolve():

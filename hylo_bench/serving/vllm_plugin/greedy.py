@@ -5,7 +5,8 @@
 
 Output keys: ``tokens`` (list of generated id lists, one per prompt), ``logprobs`` (per prompt, per step a
 ``{token_id: logprob}`` of the top ``--logprobs`` tokens; empty lists without it), ``tokens_alone`` /
-``logprobs_alone`` (the same, each prompt run by itself afterwards; empty without ``--also-alone``), ``num_blocks``, ``block_size``,
+``logprobs_alone`` (the same, each prompt run by itself afterwards; empty without ``--also-alone``), ``num_blocks``,
+``block_size``,
 ``kv_cache_size_tokens``, ``use_mla``, ``is_hybrid``, ``max_model_len``, ``startup_s``, ``generate_s``,
 ``vllm_version``.
 """

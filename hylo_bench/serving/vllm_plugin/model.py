@@ -66,7 +66,7 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaMLP
 from vllm.sequence import IntermediateTensors
 
-from hylo_bench.models.spec import LATENT_NORM_EPS, mla_softmax_scale
+from hylo_bench.config.hybrid import LATENT_NORM_EPS, mla_softmax_scale
 from hylo_bench.serving.vllm_plugin import fix_cpu_kv_block_zeroing
 
 _NON_MIXER = {"mlp", "input_layernorm", "post_attention_layernorm"}
@@ -100,7 +100,7 @@ def _mla_rope_parameters(config) -> dict:
 class HyLoMLA(nn.Module):
     """HyLo MLA mixer: HyLo projections + vLLM ``MLAAttention`` (latent KV cache, absorbed decode).
 
-    Softmax scale :func:`hylo_bench.models.spec.mla_softmax_scale`: 1/sqrt(N + R), times yarn_mscale(F,
+    Softmax scale :func:`hylo_bench.config.hybrid.mla_softmax_scale`: 1/sqrt(N + R), times yarn_mscale(F,
     mscale_all_dim)^2 only when the YaRN dict sets ``mscale_all_dim`` (no released config does). Latent norms
     (``use_lora_layer_norm``) use eps 1e-6 as Zebra-Llama's ``DeepseekV3RMSNorm``.
     """
@@ -134,7 +134,8 @@ class HyLoMLA(nn.Module):
         self.rotary_emb = get_rope(self.rope, max_position=c.max_position_embeddings, is_neox_style=False,
                                    rope_parameters=_mla_rope_parameters(c))
         self.mla_attn = MLAAttention(
-            num_heads=self.num_heads, scale=mla_softmax_scale(self.qk_dim, getattr(c, "hylo_mla_rope_scaling", None)), qk_nope_head_dim=self.nope,
+            num_heads=self.num_heads, scale=mla_softmax_scale(self.qk_dim, getattr(c, "hylo_mla_rope_scaling", None)),
+            qk_nope_head_dim=self.nope,
             qk_rope_head_dim=self.rope, v_head_dim=self.v_dim, q_lora_rank=self.q_rank,
             kv_lora_rank=self.kv_rank, kv_b_proj=self.kv_b_proj, cache_config=vllm_config.cache_config,
             quant_config=qc, prefix=f"{prefix}.attn")

@@ -6,42 +6,19 @@ fewer samples than asked is extended in place and a larger one is read as a pref
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.tasks.provenance import text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa
 from hylo_bench.tasks.ruler.sampling import generate_sample
 
 GENERATOR_VERSION = 3
 """Bump when generation changes, so stale caches are not reused (2: flavors, QA tasks; 3: nvidia flavor as
 NVIDIA/RULER: CWE example space and Random(42) list order, FWE vocabulary, chat prefix space, BOS-free sizing)."""
-
-
-def tokenizer_hash(tokenizer: Any) -> str:
-    """Hex sha256 identifying a tokenizer: its serialized ``tokenizer.json`` (``backend_tokenizer.to_str()``) plus
-    its chat template; for slow tokenizers, the files written by ``save_pretrained``."""
-    h = hashlib.sha256()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        h.update(backend.to_str().encode("utf-8"))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save_pretrained(tmp)
-            for path in sorted(Path(tmp).rglob("*")):
-                if path.is_file():
-                    h.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
-    h.update(b"\0chat_template\0" + str(getattr(tokenizer, "chat_template", None) or "").encode("utf-8"))
-    return h.hexdigest()
-
-
-def text_hash(text: str) -> str:
-    """Hex sha256 of a text (UTF-8)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def cache_path(
@@ -118,3 +95,18 @@ def load_or_generate(
     os.makedirs(path.parent, exist_ok=True)
     atomic_write_text(path, "".join(json.dumps(s) + "\n" for s in samples))
     return samples
+
+
+def decontamination_samples(task: str, tokenizer: Any, length_tokens: int, num_samples: int, *, seed: int,
+                            haystack_text: str, cache_dir: str | Path,
+                            on_sample: Callable[[], None] | None = None) -> list[dict]:
+    """The RULER samples a training mixture is checked against (``upcycle.make_data.RulerSamples``): samples
+    ``0 .. num_samples - 1`` of (task, length) exactly as ``hylo-bench ruler`` draws them without a chat template,
+    read from / added to the cache under ``cache_dir`` (give ``ruler``'s results dir to share it).
+
+    Raises:
+        ValueError: the task cannot be sized at ``length_tokens`` (``PromptTooLongError`` among them).
+    """
+    return load_or_generate(task, tokenizer, length_tokens, num_samples, seed=seed, haystack_text=haystack_text,
+                            chat_template=False, cache_dir=cache_dir, tok_hash=tokenizer_hash(tokenizer),
+                            on_sample=on_sample)

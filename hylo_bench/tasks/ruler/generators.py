@@ -15,7 +15,9 @@ import math
 import random
 import string
 
-from hylo_bench.tasks.ruler.haystack import (
+from hylo_bench.tasks.ruler.qa import QA_GEN_PREFIX, QAData, qa_text, select_docs
+from hylo_bench.tasks.ruler.registry import RulerTask
+from hylo_bench.text.haystack import (
     DEPTHS,
     NEEDLE,
     NOISE_LINE,
@@ -24,8 +26,6 @@ from hylo_bench.tasks.ruler.haystack import (
     random_needle,
     split_sentences,
 )
-from hylo_bench.tasks.ruler.qa import QA_GEN_PREFIX, QAData, qa_text, select_docs
-from hylo_bench.tasks.ruler.registry import RulerTask
 
 NIAH_TEMPLATE = (
     "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "

@@ -16,7 +16,7 @@ Offline hooks (:func:`offline_hooks`, a documented patch of lm-eval's module att
   the ``repeat`` and ``needle`` haystacks are lm-eval's own.
 - sentence splitting: when NLTK's ``punkt_tab`` is not installed, lm-eval's import-time ``nltk.download`` is
   skipped and ``prepare_niah.sent_tokenize`` is our regex splitter
-  (:func:`hylo_bench.tasks.ruler.haystack.split_sentences`); with ``punkt_tab`` installed NLTK is used as is.
+  (:func:`hylo_bench.text.haystack.split_sentences`); with ``punkt_tab`` installed NLTK is used as is.
 - QA: ``qa_utils.download_json(url)`` reads the local SQuAD v2 / HotpotQA file that the native QA tasks use
   (``--squad`` / ``--hotpotqa``, environment variables, ``~/.cache/hylo_bench/ruler/``) for lm-eval's two URLs.
 - generation cap: lm-eval always generates 500 samples per length and then evaluates the first ``limit``; the
@@ -25,7 +25,7 @@ Offline hooks (:func:`offline_hooks`, a documented patch of lm-eval's module att
   the wasted work goes away.
 - words: ``wonderwords`` ships its word lists, so lm-eval's word pools need nothing extra.
 
-Public API: ``LM_EVAL_TASKS``, ``check_tasks``, ``offline_hooks``, ``tokenizer_dir``, ``evaluate_lm_eval``,
+Public API: ``offline_hooks``, ``tokenizer_dir``, ``evaluate_lm_eval``,
 ``run_lm_eval``.
 """
 
@@ -44,30 +44,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hylo_bench.io_utils import atomic_write_json, atomic_write_text
+from hylo_bench.io_utils import OnResult, atomic_write_json, atomic_write_text
+from hylo_bench.tasks.lm_eval_bridge import HyLoLM
+from hylo_bench.tasks.provenance import param_dtype, software_versions
+from hylo_bench.tasks.ruler import runner as R
 from hylo_bench.tasks.ruler.cache import text_hash, tokenizer_hash
-from hylo_bench.tasks.ruler.haystack import essay_words, read_haystack_text, split_sentences
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file, resolve_qa_file
+from hylo_bench.tasks.ruler.registry import LM_EVAL_TASKS, check_lm_eval_tasks
+from hylo_bench.tasks.ruler.scoring import weighted_averages
+from hylo_bench.text.haystack import essay_words, read_haystack_text, split_sentences
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from hylo_bench.tasks.ruler.runner import RulerConfig
+    from hylo_bench.tasks.ruler.runner import RulerConfig  # noqa: F401 (annotations)
 
 logger = logging.getLogger(__name__)
-
-LM_EVAL_TASKS: dict[str, tuple[str, str]] = {
-    **{name: (name, "niah_utils") for name in (
-        "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
-        "niah_multiquery", "niah_multivalue")},
-    "ruler_vt": ("ruler_vt", "vt_utils"),
-    "ruler_cwe": ("ruler_cwe", "cwe_utils"),
-    "ruler_fwe": ("ruler_fwe", "fwe_utils"),
-    "ruler_qa_squad": ("ruler_qa_squad", "qa_utils"),
-    "ruler_qa_hotpot": ("ruler_qa_hotpot", "qa_utils"),
-}  # fmt: skip
-"""Our task name -> (lm-eval 0.4.13 ``ruler`` subtask name, the module of ``lm_eval/tasks/ruler/`` that builds its
-data). The 13 names coincide; the table is the single place that says so."""
 
 LM_EVAL_SAMPLES_PER_LENGTH = 500
 """What lm-eval 0.4.13's RULER generators produce per length (``num_samples=500``, hard-coded in the callers)."""
@@ -84,14 +76,6 @@ def ruler_dir() -> Path:
     import lm_eval.tasks
 
     return Path(lm_eval.tasks.__file__).parent / "ruler"
-
-
-def check_tasks(tasks: list[str]) -> None:
-    """Raise ``ValueError`` naming the backend and the accepted names if a task has no lm-eval counterpart."""
-    unknown = [t for t in tasks if t not in LM_EVAL_TASKS]
-    if unknown:
-        raise ValueError(f"--backend lm-eval: no lm-eval 0.4.13 ruler task for {', '.join(map(repr, unknown))}; "
-                         f"accepted: {', '.join(LM_EVAL_TASKS)}")
 
 
 def _load_task_module(name: str) -> Any:
@@ -263,7 +247,7 @@ def offline_hooks(tasks: list[str], haystack_text: str, qa_files: dict[str, Path
         ValueError: unknown task. FileNotFoundError: (inside the block) lm-eval asked for a QA file that is not in
         ``qa_files``, or for a URL we do not map.
     """
-    check_tasks(tasks)
+    check_lm_eval_tasks(tasks)
     # every ruler YAML includes niah_single_1.yaml, so lm-eval imports niah_utils (and prepare_niah) for any task
     modules = {"niah_utils"} | {LM_EVAL_TASKS[t][1] for t in tasks}
     patches, info = _Patches(), {"sentence_splitter": None}
@@ -399,8 +383,6 @@ def _record(lm: Any, task: str, length: int, cfg: RulerConfig, res: dict) -> tup
 
 def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
                 splitter: str | None, tok_dir: str) -> dict:
-    from hylo_bench.tasks.ruler.runner import _param_dtype, software_versions
-
     param = next(iter(lm.model.parameters()), None)
     return {
         "backend": "lm-eval",
@@ -415,7 +397,7 @@ def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, hays
         "samples_generated_per_length": min(cfg.samples, LM_EVAL_SAMPLES_PER_LENGTH),
         "batch_size": cfg.batch_size,
         "max_length": lm.max_length,
-        "dtype": _param_dtype(lm.model),
+        "dtype": param_dtype(lm.model),
         "device": "unknown" if param is None else str(param.device),
         "num_processes": 1,
         "engine": "lm-eval HFLM generate_until",
@@ -429,7 +411,8 @@ def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, hays
     }
 
 
-def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None) -> dict:
+def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None,
+                     on_result: OnResult | None = None) -> dict:
     """Run lm-eval's ruler tasks on a ready lm-eval model (usually :class:`HyLoLM`) and write our results file.
 
     Args:
@@ -438,12 +421,14 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
             tokenizer directory when it holds tokenizer files.
         cfg: the run (``backend`` must be ``lm-eval``).
         console: rich console for progress lines (default: stderr).
+        on_result: called with ``(results doc, results path)`` after every (task, length) (the CLI: the results
+            store); None writes the results file alone.
 
     Returns:
         The native summary shape: ``{"model", "flavor": "lm-eval", "backend": "lm-eval", "scores": {task: {"<L>":
         score 0-100}}, "mean": {"<L>": score}, "avg", "weighted_avg_inc", "weighted_avg_dec", "results_path"}``.
         The results JSON (``RESULTS_DIR/ruler-<model>-<time>.json``) has the native keys plus ``backend`` and is
-        added to the results store after every (task, length); per-sample predictions go to
+        passed to ``on_result`` after every (task, length); per-sample predictions go to
         ``RESULTS_DIR/lm-eval-ruler/<results file stem>/<task>-<L>.jsonl``.
 
     Raises:
@@ -452,10 +437,7 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
     """
     from rich.console import Console
 
-    from hylo_bench.tasks.ruler import runner as R
-    from hylo_bench.tasks.ruler.scoring import weighted_averages
-
-    check_tasks(cfg.tasks)
+    check_lm_eval_tasks(cfg.tasks)
     missing = [k for k in R.MODEL_INFO_KEYS if k not in model_info]
     if missing:
         raise ValueError(f"model_info lacks {missing}; load_model must return {R.MODEL_INFO_KEYS}")
@@ -466,12 +448,12 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
     tok_hash = tokenizer_hash(lm.tokenizer)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = R._results_path(results_dir, str(model_info["name"]))
+    path = R.results_path(results_dir, str(model_info["name"]))
     samples_dir = results_dir / "lm-eval-ruler" / path.stem
     scores: dict[str, dict[str, float]] = {}
     with offline_hooks(cfg.tasks, haystack_text, qa_files, sample_cap=cfg.samples) as hooks, \
             tokenizer_dir(lm.tokenizer, model_info.get("path")) as tok_dir:
-        doc = R._header(model_info, cfg, _provenance(lm, model_info, cfg, tok_hash, haystack_text,
+        doc = R.results_header(model_info, cfg, _provenance(lm, model_info, cfg, tok_hash, haystack_text,
                                                    hooks["sentence_splitter"], tok_dir))
         doc["backend"] = "lm-eval"
         atomic_write_json(path, doc)  # the claimed file holds the header from the start
@@ -484,26 +466,25 @@ def evaluate_lm_eval(lm: Any, model_info: dict, cfg: RulerConfig, *, console: Co
                 atomic_write_text(samples_dir / f"{task}-{length}.jsonl",
                                   "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
                 doc["records"].append(record)
-                doc["mean"] = R._means(doc["records"])
+                doc["mean"] = R.length_means(doc["records"])
                 doc.update(weighted_averages(doc["mean"]))
                 if len(doc["records"]) == len(doc["planned"]):
                     doc["status"] = "complete"
                 atomic_write_json(path, doc)
-                R._record_in_store(doc, path, results_dir)
+                if on_result is not None:
+                    on_result(doc, path)
                 scores.setdefault(task, {})[str(length)] = record["score"]
     return {"model": model_info["name"], "flavor": "lm-eval", "backend": "lm-eval", "scores": scores,
             "mean": doc["mean"], **{k: doc[k] for k in R.SUMMARY_KEYS}, "results_path": str(path)}
 
 
-def run_lm_eval(cfg: RulerConfig, *, console: Console | None = None) -> dict:
+def run_lm_eval(cfg: RulerConfig, *, console: Console | None = None, on_result: OnResult | None = None) -> dict:
     """Load ``cfg.model`` as the ``hylo`` lm-eval model and run :func:`evaluate_lm_eval`.
 
     The context window (``max_length``) is the largest length plus 1024 tokens: lm-eval sizes prompts to leave
     the generation budget free but appends the answer prefix afterwards (and FWE reserves nothing), so a window of
     exactly L would left-truncate some prompts.
     """
-    from hylo_bench.tasks.lm_eval_bridge import HyLoLM
-
     lm = HyLoLM(pretrained=cfg.model, device=cfg.device, batch_size=cfg.batch_size,
                 max_length=max(cfg.lengths) + 1024)
-    return evaluate_lm_eval(lm, lm.model_info, cfg, console=console)
+    return evaluate_lm_eval(lm, lm.model_info, cfg, console=console, on_result=on_result)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from hylo_bench.io_utils import OnResult
 from hylo_bench.tasks.ruler.runner import RulerConfig, Shard, evaluate_model
 from hylo_bench.tasks.workers import launched_world_size, run_workers, worker_device
 
 __all__ = ["launched_world_size", "run_parallel", "worker_device"]
 
 
-def _evaluate_shard(cfg: RulerConfig, console: Any, device: str, rank: int, world_size: int) -> dict | None:
+def _evaluate_shard(cfg: RulerConfig, console: Any, on_result: OnResult | None, device: str, rank: int,
+                    world_size: int) -> dict | None:
     """One worker: load the model on ``device`` and evaluate its shard; the summary on rank 0, None elsewhere."""
     import torch.distributed as dist
 
@@ -24,13 +26,14 @@ def _evaluate_shard(cfg: RulerConfig, console: Any, device: str, rank: int, worl
 
     model, tokenizer, info = load_model(cfg.model, device=device)
     shard = Shard(rank=rank, world_size=world_size, barrier=dist.barrier)
-    return evaluate_model(model, tokenizer, info, cfg, console=console, shard=shard)
+    return evaluate_model(model, tokenizer, info, cfg, console=console, shard=shard, on_result=on_result)
 
 
-def run_parallel(cfg: RulerConfig, *, console: Any = None) -> dict | None:
+def run_parallel(cfg: RulerConfig, *, console: Any = None, on_result: OnResult | None = None) -> dict | None:
     """Evaluate ``cfg`` in several processes (:func:`hylo_bench.tasks.workers.run_workers`: this process is one
     torchrun worker, or ``cfg.devices`` workers are spawned). Scores and predictions equal a one-process run's
-    (each sample is decoded alone with the same model).
+    (each sample is decoded alone with the same model). ``on_result`` runs on rank 0 (it must pickle to be
+    spawned: the store's ``recorder`` does).
 
     Returns:
         Rank 0's summary (:func:`hylo_bench.tasks.ruler.runner.evaluate_model`); None on other torchrun ranks.
@@ -40,6 +43,6 @@ def run_parallel(cfg: RulerConfig, *, console: Any = None) -> dict | None:
         torch.multiprocessing.ProcessRaisedException: a worker failed (its traceback is in the message).
     """
     # only a torchrun worker shows progress in this process's console; spawned workers get none (not picklable)
-    work = functools.partial(_evaluate_shard, cfg, console if launched_world_size() > 1 else None)
+    work = functools.partial(_evaluate_shard, cfg, console if launched_world_size() > 1 else None, on_result)
     return run_workers(work, cfg.devices, cfg.device)
 

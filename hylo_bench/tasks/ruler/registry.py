@@ -124,3 +124,25 @@ def get_task(name: str) -> RulerTask:
         return TASKS[name]
     except KeyError:
         raise ValueError(f"unknown RULER task {name!r}; valid tasks: {', '.join(TASKS)}") from None
+
+
+LM_EVAL_TASKS: dict[str, tuple[str, str]] = {
+    **{name: (name, "niah_utils") for name in (
+        "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+        "niah_multiquery", "niah_multivalue")},
+    "ruler_vt": ("ruler_vt", "vt_utils"),
+    "ruler_cwe": ("ruler_cwe", "cwe_utils"),
+    "ruler_fwe": ("ruler_fwe", "fwe_utils"),
+    "ruler_qa_squad": ("ruler_qa_squad", "qa_utils"),
+    "ruler_qa_hotpot": ("ruler_qa_hotpot", "qa_utils"),
+}  # fmt: skip
+"""Our task name -> (lm-eval 0.4.13 ``ruler`` subtask name, the module of ``lm_eval/tasks/ruler/`` that builds its
+data). The 13 names coincide; the table is the single place that says so."""
+
+
+def check_lm_eval_tasks(tasks: list[str]) -> None:
+    """Raise ``ValueError`` naming the backend and the accepted names if a task has no lm-eval counterpart."""
+    unknown = [t for t in tasks if t not in LM_EVAL_TASKS]
+    if unknown:
+        raise ValueError(f"--backend lm-eval: no lm-eval 0.4.13 ruler task for {', '.join(map(repr, unknown))}; "
+                         f"accepted: {', '.join(LM_EVAL_TASKS)}")

@@ -9,9 +9,7 @@ interrupted run from the last scored batch.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import logging
-import platform
 import re
 import statistics
 import uuid
@@ -25,15 +23,23 @@ from rich.table import Table
 from rich.text import Text
 
 import hylo_bench
-from hylo_bench.io_utils import atomic_write_json, check_output_path, check_utf8_file, fault_point, git_sha
+from hylo_bench.decode.greedy import ENGINES, Decoder, make_decoder, resolve_engine
+from hylo_bench.io_utils import (
+    OnResult,
+    atomic_write_json,
+    check_output_path,
+    check_utf8_file,
+    fault_point,
+    utc_now,
+)
+from hylo_bench.tasks.provenance import param_dtype, software_versions
 from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
-from hylo_bench.tasks.ruler.decoding import ENGINES, Decoder, make_decoder, resolve_engine
-from hylo_bench.tasks.ruler.haystack import read_haystack_text
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
-from hylo_bench.tasks.ruler.registry import check_flavor, get_task, list_tasks
+from hylo_bench.tasks.ruler.registry import check_flavor, check_lm_eval_tasks, get_task, list_tasks
 from hylo_bench.tasks.ruler.sampling import encode_prompt, fitted_size
 from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_averages
+from hylo_bench.text.haystack import read_haystack_text
 
 logger = logging.getLogger(__name__)
 MODEL_INFO_KEYS = ("name", "path", "hash", "layout", "kind")
@@ -58,15 +64,17 @@ class RulerConfig:
         tasks: task names from ``TASKS``.
         samples: samples per (task, length); lm-eval uses 500.
         results_dir: folder for ``ruler-<model>-<timestamp>.json`` and the sample cache ``cache/``.
-        seed: run seed; each sample's rng derives from (seed, task, length, index).
+        seed: run seed; each sample's rng derives from (seed, task, length, index). Default (None): 42, or 0 (lm-eval's
+            own) with ``backend="lm-eval"``.
         haystack_path: essay haystack text file; ``None`` = the shipped ``devils-dictionary.txt``.
         batch_size: prompts per ``generate`` call (left-padded when > 1).
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         strip_think: remove ``<think>...</think>`` spans from predictions before scoring
-            (:func:`hylo_bench.tasks.text.strip_think`; for Qwen3-based checkpoints).
+            (:func:`hylo_bench.text.think.strip_think`; for Qwen3-based checkpoints).
         flavor: ``nvidia`` (NVIDIA/RULER prompts and QA any-match) or ``lm-eval`` (lm-eval 0.4.13's variant);
-            docs/ruler.md lists the differences.
+            docs/ruler.md lists the differences. Default (None): ``nvidia``, or ``lm-eval`` with
+            ``backend="lm-eval"``.
         squad_path: SQuAD v2 dev JSON for ``ruler_qa_squad`` (``None``: ``$HYLO_BENCH_SQUAD``, else
             ``~/.cache/hylo_bench/ruler/dev-v2.0.json``).
         hotpotqa_path: HotpotQA dev distractor JSON for ``ruler_qa_hotpot`` (``None``: ``$HYLO_BENCH_HOTPOTQA``,
@@ -80,8 +88,8 @@ class RulerConfig:
             (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
             processes are the workers and this must be 1 or ``WORLD_SIZE``.
         engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
-            :mod:`hylo_bench.serving.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
-            generate otherwise); :mod:`hylo_bench.tasks.ruler.decoding`.
+            :mod:`hylo_bench.decode.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
+            generate otherwise); :mod:`hylo_bench.decode.greedy`.
         backend: ``native`` (hylo-bench's generators, scorer and decoding: everything above) or ``lm-eval``
             (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
             :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports
@@ -93,13 +101,13 @@ class RulerConfig:
     tasks: list[str]
     samples: int
     results_dir: str | Path
-    seed: int = 42
+    seed: int | None = None  # resolved in __post_init__ (42; 0 with the lm-eval backend)
     haystack_path: str | Path | None = None
     batch_size: int = 1
     chat_template: bool = False
     device: str | None = None
     strip_think: bool = False
-    flavor: str = "nvidia"
+    flavor: str | None = None  # resolved in __post_init__ ("nvidia"; "lm-eval" with the lm-eval backend)
     squad_path: str | Path | None = None
     hotpotqa_path: str | Path | None = None
     resume: bool = False
@@ -113,6 +121,11 @@ class RulerConfig:
         return self.squad_path if task == "ruler_qa_squad" else self.hotpotqa_path
 
     def __post_init__(self) -> None:
+        lm_eval = self.backend == "lm-eval"
+        if self.seed is None:
+            self.seed = 0 if lm_eval else 42
+        if self.flavor is None:
+            self.flavor = "lm-eval" if lm_eval else "nvidia"
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
             raise ValueError(f"lengths must be a non-empty list of positive ints (tokens), got {self.lengths!r}")
         if len(set(self.lengths)) != len(self.lengths):
@@ -152,9 +165,7 @@ class RulerConfig:
                                      f"{self.samples} asks for more: use at most {len(qa.questions)} samples")
 
     def _check_lm_eval_backend(self) -> None:
-        from hylo_bench.tasks.ruler.lm_eval_backend import check_tasks
-
-        check_tasks(self.tasks)
+        check_lm_eval_tasks(self.tasks)
         unsupported = {
             "flavor": (self.flavor != "lm-eval", f"flavor {self.flavor!r}: lm-eval's own tasks are the lm-eval "
                        "flavor (use --flavor lm-eval or leave it out)"),
@@ -193,29 +204,6 @@ def select_tasks(spec: str, squad_path: str | Path | None = None, hotpotqa_path:
                 continue
         tasks.append(task)
     return tasks
-
-
-def run(cfg: RulerConfig, *, console: Console | None = None) -> dict | None:
-    """Load ``cfg.model`` with ``hylo_bench.models.loading.load_model`` and evaluate it, in one process or, with
-    ``cfg.devices`` > 1 or under ``torchrun``, in several (:func:`hylo_bench.tasks.ruler.parallel.run_parallel`).
-
-    Returns:
-        The summary of :func:`evaluate_model` (the ``--json`` object); None on torchrun ranks other than 0.
-    """
-    from hylo_bench.tasks.ruler.parallel import launched_world_size, run_parallel
-
-    if cfg.backend == "lm-eval":
-        if launched_world_size() > 1:
-            raise ValueError("--backend lm-eval runs in one process; launch it without torchrun")
-        from hylo_bench.tasks.ruler.lm_eval_backend import run_lm_eval
-
-        return run_lm_eval(cfg, console=console)
-    if cfg.devices > 1 or launched_world_size() > 1:
-        return run_parallel(cfg, console=console)
-    from hylo_bench.models.loading import load_model
-
-    model, tokenizer, info = load_model(cfg.model, device=cfg.device)
-    return evaluate_model(model, tokenizer, info, cfg, console=console)
 
 
 class _RateColumn(ProgressColumn):
@@ -261,7 +249,7 @@ def _is_oom(e: BaseException) -> bool:
     return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
-def _results_path(results_dir: Path, model_name: str) -> Path:
+def results_path(results_dir: Path, model_name: str) -> Path:
     """A new results file name, claimed by creating the file exclusively (``O_EXCL``): two runs of one model
     started in the same second (e.g. two length groups in parallel) get different files instead of one run
     overwriting the other's results. The claimed file is empty until the first record is written."""
@@ -274,20 +262,6 @@ def _results_path(results_dir: Path, model_name: str) -> Path:
                 return path
         except FileExistsError:
             path, k = results_dir / f"ruler-{safe}-{stamp}-{k}.json", k + 1
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def software_versions() -> dict[str, str]:
-    """torch, transformers, Python and hylo-bench versions and the git sha, as provenance records them."""
-    return {"torch_version": _version("torch"), "transformers_version": _version("transformers"),
-            "python_version": platform.python_version(), "hylo_bench_version": hylo_bench.__version__,
-            "git_sha": git_sha()}
 
 
 def provenance(model: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, haystack_text: str,
@@ -416,7 +390,9 @@ def check_sizing(cfg: RulerConfig, tokenizer: Any, haystack_text: str, tok_hash:
                          f"sized; nothing was decoded:\n  " + "\n  ".join(problems))
 
 
-def _header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
+def results_header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
+    """A results file before its first record: kind, run id, model, config, provenance, the planned (task, length)
+    pairs and ``status: running`` (the native and lm-eval backends write the same header)."""
     return {
         "kind": "ruler",
         # the store keys a run on its header: two runs with the same settings started within one second (a resume
@@ -426,7 +402,7 @@ def _header(model_info: dict, cfg: RulerConfig, prov: dict) -> dict:
         "planned": [{"task": t, "seq_len": n} for n in cfg.lengths for t in cfg.tasks],
         "hylo_bench_version": hylo_bench.__version__,
         "git_sha": prov["git_sha"],
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": utc_now(),
         "model": {k: model_info[k] for k in MODEL_INFO_KEYS},
         "tokenizer_hash": prov["tokenizer_hash"],
         "seed": cfg.seed,
@@ -466,27 +442,10 @@ def _record(task: str, length: int, seed: int, samples: list[dict], predictions:
     return record
 
 
-def _means(records: list[dict]) -> dict[str, float]:
+def length_means(records: list[dict]) -> dict[str, float]:
+    """``{"<L>": mean score over the tasks scored at length L}`` of a results file's records."""
     lengths = sorted({r["seq_len"] for r in records})
     return {str(n): mean_score(r["score"] for r in records if r["seq_len"] == n) for n in lengths}
-
-
-def _record_in_store(doc: dict, path: Path, results_dir: Path) -> None:
-    """Add the results so far to the results store ($HYLO_BENCH_DB, else RESULTS_DIR/hylo_bench.sqlite).
-
-    A store failure is logged, not raised: the JSON file already holds the results (`hylo-bench import` it later).
-    """
-    try:
-        from hylo_bench.reports import store
-    except ImportError as exc:  # e.g. a GPU image with only the model stack on PYTHONPATH
-        logger.warning("results not added to the results store (%s); `hylo-bench import %s` adds them later", exc, path)
-        return
-    store.record(doc, path, results_dir=results_dir)
-
-
-def _param_dtype(model: Any) -> str:
-    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    return "unknown" if param is None else str(param.dtype).removeprefix("torch.")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -571,7 +530,7 @@ def _samples(task: str, length: int, tokenizer: Any, cfg: RulerConfig, haystack_
 
 def evaluate_model(
     model: Any, tokenizer: Any, model_info: dict, cfg: RulerConfig, *, console: Console | None = None,
-    shard: Shard = SINGLE,
+    shard: Shard = SINGLE, on_result: OnResult | None = None,
 ) -> dict | None:
     """Run RULER on a loaded model: for each length, each task, generate/reuse samples, decode, score, save.
 
@@ -586,6 +545,8 @@ def evaluate_model(
         cfg: run configuration.
         console: rich console for the progress bar (default: stderr).
         shard: this process's share when several processes run the same config (one process by default).
+        on_result: called on rank 0 with ``(results doc, results path)`` after every (task, length) is scored
+            (the CLI: the results store); None writes the results file alone.
 
     Returns:
         On rank 0: ``{"model": name, "flavor": str, "scores": {task: {"<L>": score}}, "mean": {"<L>": score},
@@ -607,8 +568,9 @@ def evaluate_model(
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     lead = shard.rank == 0
-    doc = _header(model_info, cfg, provenance(model, model_info, cfg, tok_hash, haystack_text, shard)) if lead else {}
-    path = _results_path(results_dir, str(model_info["name"])) if lead else None
+    prov = provenance(model, model_info, cfg, tok_hash, haystack_text, shard) if lead else {}
+    doc = results_header(model_info, cfg, prov) if lead else {}
+    path = results_path(results_dir, str(model_info["name"])) if lead else None
     if lead:
         atomic_write_json(path, doc)  # the claimed file holds the header from the start, never an empty file
     if hasattr(model, "eval"):
@@ -627,7 +589,7 @@ def evaluate_model(
                 data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
                 pred_path = pred_store.predictions_path(
                     results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
-                    dtype=_param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
+                    dtype=param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
                     flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
                 )
                 preds = _task_predictions(decode, tokenizer, samples, task, pred_path, cfg, shard,
@@ -636,13 +598,14 @@ def evaluate_model(
                     continue
                 record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
                 doc["records"].append(record)
-                doc["mean"] = _means(doc["records"])
+                doc["mean"] = length_means(doc["records"])
                 doc.update(weighted_averages(doc["mean"]))
                 if len(doc["records"]) == len(doc["planned"]):
                     doc["status"] = "complete"
                 atomic_write_json(path, doc)
                 fault_point("ruler:results_written")
-                _record_in_store(doc, path, results_dir)
+                if on_result is not None:
+                    on_result(doc, path)
                 fault_point("ruler:stored")
                 scores.setdefault(task, {})[str(length)] = record["score"]
     if not lead:

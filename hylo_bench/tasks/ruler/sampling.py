@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hylo_bench.tasks.ruler.generators import VT_EXAMPLE_BUDGET_TOKENS, BuildContext, Built, build, vt_text
-from hylo_bench.tasks.ruler.haystack import cwe_words, default_haystack_text, essay_words
 from hylo_bench.tasks.ruler.qa import DOCUMENT_TEMPLATE, QAData, fill_candidates, load_qa
 from hylo_bench.tasks.ruler.registry import RulerTask, check_flavor, get_task
+from hylo_bench.text.haystack import cwe_words, default_haystack_text, essay_words
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from hylo_bench.tasks.ruler.registry import FLAVORS, get_task
-from hylo_bench.tasks.text import strip_think as _strip_think
+from hylo_bench.text.think import strip_think as _strip_think
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -55,7 +55,7 @@ def score_prediction(task: str, prediction: str, golds: Sequence[str], flavor: s
     """Score one raw model continuation against the gold list with the task's metric, in [0, 1].
 
     The prediction is post-processed first: ``<think>`` spans removed when ``strip_think``
-    (:func:`hylo_bench.tasks.text.strip_think`), then :func:`postprocess_pred`.
+    (:func:`hylo_bench.text.think.strip_think`), then :func:`postprocess_pred`.
 
     Raises:
         ValueError: unknown task or flavor.

@@ -90,7 +90,7 @@ def kd_memory_budget(student_cfg: Any, teacher: TransformerDims, seq_len: int, n
     """
     if seq_len < 1 or n_gpus < 1 or kl_chunk_size < 1:
         raise ValueError(f"seq_len, n_gpus and kl_chunk_size must be >= 1; got {seq_len}, {n_gpus}, {kl_chunk_size}")
-    from hylo_bench.info import parameter_counts
+    from hylo_bench.models.params import parameter_counts
 
     counts = parameter_counts(student_cfg, meta_model=True)  # the built module, whatever the config omits
     n_s, layer_s = counts["total"], max(layer["params"] for layer in counts["per_layer"])

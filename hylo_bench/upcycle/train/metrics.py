@@ -7,7 +7,6 @@ file holds each (stage, step) once.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import resource
@@ -140,5 +139,3 @@ class TrainLog:
             self._tb = None
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")

@@ -22,12 +22,12 @@ from typing import Callable
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from hylo_bench.io_utils import atomic_write_bytes, fault_point
+from hylo_bench.io_utils import atomic_write_bytes, fault_point, utc_now
 from hylo_bench.upcycle.stages import Stage
 from hylo_bench.upcycle.train import distributed as dist_utils
 from hylo_bench.upcycle.train.distributed import DistContext
 from hylo_bench.upcycle.train.losses import ild_loss, kd_loss
-from hylo_bench.upcycle.train.metrics import TrainLog, peak_memory_bytes, utc_now
+from hylo_bench.upcycle.train.metrics import TrainLog, peak_memory_bytes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,7 +105,7 @@ def _log_step(train_log: TrainLog, stage: Stage, opts: StageOptions, result: Sta
                    "tokens_seen": result.tokens_seen, "loss": loss, "kl": loss if stage.kind == "kd" else None,
                    "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
                    "peak_memory_bytes": mem, "memory_kind": mem_kind, "step_time_s": step_time_s,
-                   "wall_time_s": result.seconds, "time_utc": utc_now()}
+                   "wall_time_s": result.seconds, "time_utc": utc_now("milliseconds")}
                   | {k: v for k, v in terms.items() if k != "kl"})
 
 

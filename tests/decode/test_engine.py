@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hylo_bench.decode.engine import Engine, TransformerEngine, make_engine
+from hylo_bench.decode.mla_layer import MLAServing
 from hylo_bench.models.hybrid import HyLoForCausalLM
-from hylo_bench.serving.engine import Engine, TransformerEngine, make_engine
-from hylo_bench.serving.mla_layer import MLAServing
 from tests.conftest import make_base, tiny_hybrid_config
 
 
@@ -19,7 +19,7 @@ def rope_float64(monkeypatch):
     maths (adjacent-pair rotation, checkpoint-format.md §5.2; weight * x / rms) kept in float64."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from hylo_bench.serving.mla_layer import rope_interleaved
+    from hylo_bench.decode.mla_layer import rope_interleaved
 
     monkeypatch.setattr("hylo_bench.models.mla.apply_rope_interleaved",
                         lambda x, cos, sin: rope_interleaved(x, cos[:, None], sin[:, None]))
@@ -171,7 +171,7 @@ def test_random_build_materialises_every_parameter():
 
 def test_compiled_decode_step_traces_whole_and_gives_the_same_tokens():
     """``compile=True`` traces the decode step as one graph (fullgraph: the MLA and GDN kernels are opaque
-    custom ops, hylo_bench/serving/ops.py) and decodes the same greedy tokens as generate(). aot_eager keeps the
+    custom ops, hylo_bench/decode/ops.py) and decodes the same greedy tokens as generate(). aot_eager keeps the
     CPU test fast; Inductor runs in the GPU test below."""
     model = _model("gdn-qknorm")
     torch.manual_seed(1)
@@ -302,14 +302,14 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
         return tokens, torch.stack(logits)
 
     tok_want, want = run(Engine(model, max_batch=2, max_context=16, prefill_chunk=4))
-    from hylo_bench.serving.engine import FUSED_GEMVS
+    from hylo_bench.decode.engine import FUSED_GEMVS
 
     engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, gemv_backend="triton",
                     fused_gemvs=FUSED_GEMVS)
     assert engine.fused == [(kind != "mamba", True), (True, True), (kind != "mamba", True), (True, True)]
     assert engine.fused_head
     calls = []
-    from hylo_bench.serving import ops
+    from hylo_bench.decode import ops
 
     orig = ops._impl_gemv
     gated = []
@@ -367,8 +367,8 @@ def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
     """from_pretrained keeps a GDN / Mamba-2 mixer's A_log (its first parameter) float32 in a float64 model: the
     serving layer must take the model dtype from its projections (float64 recurrent state; "triton" pre-step
     refused as float64, not picked by "auto" on CUDA)."""
+    from hylo_bench.decode.linear_layer import LinearServing
     from hylo_bench.models.cache import map_state
-    from hylo_bench.serving.linear_layer import LinearServing
 
     for kind in ("gdn", "mamba"):
         HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).save_pretrained(tmp_path / kind)
@@ -388,7 +388,7 @@ def test_linear_serving_reads_the_dtype_of_the_projections(tmp_path):
 
 @pytest.mark.parametrize("V,chunk", [(151936, 1024), (1000, 64), (50, 64), (4097, 1024)])
 def test_greedy_token_equals_argmax_including_ties(V, chunk):
-    from hylo_bench.serving.engine import greedy_token
+    from hylo_bench.decode.engine import greedy_token
 
     gen = torch.Generator().manual_seed(V)
     logits = torch.randint(-3, 4, (3, V), generator=gen).to(torch.bfloat16)  # many ties: first index must win

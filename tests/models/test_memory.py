@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hylo_bench.serving import memory as M
-from hylo_bench.upcycle.recipes import load_recipe, recipe_hybrid_config
+from hylo_bench.config import units as U
+from hylo_bench.config.recipes import load_recipe, recipe_hybrid_config
+from hylo_bench.models import memory as M
 from tests.conftest import tiny_hybrid_config
 
 GIB = 2 ** 30
@@ -80,9 +81,9 @@ def test_backbone_param_counts_are_the_public_model_sizes():
 
 
 def test_max_context_and_parse_bytes():
-    assert M.parse_bytes("141GiB") == 141 * GIB and M.parse_bytes("80GB") == 80 * 10 ** 9
-    assert M.parse_bytes("1024B") == 1024 and M.parse_bytes("1.5 KiB") == 1536 and M.parse_bytes("0") == 0
+    assert U.parse_bytes("141GiB") == 141 * GIB and U.parse_bytes("80GB") == 80 * 10 ** 9
+    assert U.parse_bytes("1024B") == 1024 and U.parse_bytes("1.5 KiB") == 1536 and U.parse_bytes("0") == 0
     with pytest.raises(ValueError, match="141GiB"):
-        M.parse_bytes("12 parsecs")
+        U.parse_bytes("12 parsecs")
     assert M.max_context_tokens(1000, 200, 8) == 100 and M.max_context_tokens(100, 200, 8) == 0
     assert M.max_context_tokens(100, 0, 0) is None

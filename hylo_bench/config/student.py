@@ -1,11 +1,10 @@
-"""The hybrid config for a base model (pure Python: no torch or modeling imports, so ``hylo-bench info`` on a
-recipe stays fast). :mod:`hylo_bench.upcycle.transfer` re-exports these names.
+"""The hybrid config for a base model: released and default mixer dimensions, :func:`hybrid_config_for` (pure
+Python: no torch or modeling imports, so ``hylo-bench info`` on a recipe stays fast).
 """
 
 from __future__ import annotations
 
 import math
-
 
 # Released MLA / GDN dimensions per backbone shape (checkpoint-format.md §3.3), keyed by
 # (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim).
@@ -73,7 +72,7 @@ def hybrid_config_for(base_config, mla_layers: list[int], linear_type: str = "gd
         dims.setdefault("d_inner", b["num_heads"] * b["head_dim"])
         dims.setdefault("d_xb", b["num_kv_heads"] * b["head_dim"])
     if config_cls is None:
-        from hylo_bench.models.config import HyLoConfig as config_cls
+        from hylo_bench.config.hylo_config import HyLoConfig as config_cls
     return config_cls(
         vocab_size=base_config.vocab_size, hidden_size=b["hidden_size"],
         intermediate_size=base_config.intermediate_size, hidden_act=getattr(base_config, "hidden_act", "silu"),

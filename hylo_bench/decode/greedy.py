@@ -1,5 +1,5 @@
 """Greedy decoding of RULER prompts: transformers ``generate()`` (batched, left-padded) or the native serving
-engine (:mod:`hylo_bench.serving.engine`, one prompt at a time), both cut at the first EOS and decoded with
+engine (:mod:`hylo_bench.decode.engine`, one prompt at a time), both cut at the first EOS and decoded with
 ``skip_special_tokens=True``, so they give the same text for the same greedy tokens.
 """
 
@@ -86,7 +86,7 @@ def resolve_engine(model: Any, engine: str) -> str:
 
 
 class NativeDecoder:
-    """Greedy decoding through :func:`hylo_bench.serving.engine.make_engine` (batch 1 per prompt, since prompts
+    """Greedy decoding through :func:`hylo_bench.decode.engine.make_engine` (batch 1 per prompt, since prompts
     differ in length): stops at the first EOS (:func:`eos_ids`) or after ``max_new_tokens``, as ``generate``
     does. Decoding is pure greedy argmax: logits processors in the model's ``generation_config`` (e.g.
     ``repetition_penalty``) are not applied (a warning says so). The engine is rebuilt when a prompt needs more
@@ -114,7 +114,7 @@ class NativeDecoder:
 
     def _ensure(self, needed_tokens: int) -> Any:
         if needed_tokens > self.capacity:
-            from hylo_bench.serving.engine import make_engine
+            from hylo_bench.decode.engine import make_engine
 
             self.engine = None  # free the old caches before allocating larger ones
             capacity = -(-needed_tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS

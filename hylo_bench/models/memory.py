@@ -13,37 +13,11 @@ with kernel - 1 columns; vLLM's arithmetic defaults to bf16 for both (``--mamba-
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 BF16_BYTES = 2
 FP32_BYTES = 4
 VLLM_MLA_ALIGNMENT_TOKENS = 128  # vllm.md §6.1 step 3: block alignment with MLA is at least 128
-_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"141GiB"`` -> 151397597184, ``"80GB"`` -> 80e9, ``"512MiB"``, ``"1024B"``; ``"0"`` is 0. A bare non-zero
-    number is refused (is ``80`` bytes or GiB?).
-
-    Raises:
-        ValueError: on an unknown unit or a malformed number.
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if m and not m.group(2) and float(m.group(1)) == 0:
-        return 0
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"memory size {text!r}: expected a number with a unit such as 141GiB, 80GB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size: 1536 -> ``"1.50 KiB"``."""
-    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def mla_latent_width(cfg) -> int:
@@ -292,7 +266,7 @@ def estimate(cfg, *, weight_params: int, fp32_params: int = 0, gpu_mem_bytes: in
 
 
 def engine_extra_bytes_per_token(cfg, dtype_bytes: int = BF16_BYTES) -> int:
-    """Bytes per token the native serving engine caches beyond the latent (``hylo_bench.serving.mla_layer``):
+    """Bytes per token the native serving engine caches beyond the latent (``hylo_bench.decode.mla_layer``):
     with Qwen3 q/k norms, one key scale per KV group per MLA layer (#MLA x n_kvm x dtype), else 0."""
     return len(cfg.mla_layers) * cfg.num_key_value_heads * dtype_bytes if cfg.use_qk_norm else 0
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from hylo_bench.tasks.ruler import score_prediction, task_score
-from hylo_bench.tasks.text import ThinkStripper, strip_think
+from hylo_bench.text.think import ThinkStripper, strip_think
 
 CASES = [
     ("<think>\n\n</think>\n\nParis", "Paris"),  # Qwen3 non-thinking prefix

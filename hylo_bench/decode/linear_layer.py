@@ -8,25 +8,12 @@ Legend: B batch, T tokens, D hidden, H heads, K / Vd GDN key / value head dims, 
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import logging
-
 import torch
 
-from hylo_bench.kernels.gemv import triton_available
+from hylo_bench.decode.fused import Prologue, merge_linears, project
+from hylo_bench.decode.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
+from hylo_bench.kernels.gated_delta import DECODE_CHOICE, select_gdn_decode_backend, select_prestep_backend
 from hylo_bench.models.cache import map_state
-from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
-
-logger = logging.getLogger(__name__)
-GDN_DECODE_BACKENDS = ("auto", "torch", "fla", "triton")
-PRESTEP_BACKENDS = ("auto", "torch", "triton")
-
-
-@functools.cache
-def _log_once(msg: str) -> None:
-    logger.info(msg)
 
 
 def _copy_state(dst, src) -> None:
@@ -39,42 +26,6 @@ def _copy_state(dst, src) -> None:
         d.copy_(s)
 
 
-def select_gdn_decode_backend(device: torch.device, dtype: torch.dtype, backend: str, conv_size: int = 4) -> str:
-    """The GDN decode back end: "triton" (the whole token, convolutions to output, in one kernel:
-    :mod:`hylo_bench.kernels.gated_delta.decode_token_triton`), "fla" (fla's recurrent kernel after the pre-step) or
-    "torch". "auto": triton on CUDA (non-float64, 4-tap convs) when Triton imports, else fla on CUDA when installed,
-    else torch.
-
-    Raises:
-        ValueError: unknown backend; "fla" or "triton" requested off CUDA; "triton" for float64 or a conv width
-            other than 4.
-        ImportError: "fla" requested but not installed; "triton" requested but Triton does not import.
-    """
-    if backend not in GDN_DECODE_BACKENDS:
-        raise ValueError(f"GDN decode backend {backend!r}; expected one of {GDN_DECODE_BACKENDS}")
-    if backend in ("fla", "triton") and device.type != "cuda":
-        raise ValueError(f"GDN decode backend {backend!r} needs CUDA; got {device}. Use 'torch'.")
-    triton_ok = device.type == "cuda" and dtype != torch.float64 and conv_size == 4 and triton_available()
-    if backend == "triton":
-        if dtype == torch.float64 or conv_size != 4:
-            raise ValueError(f"GDN decode backend 'triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
-                             f"conv_size={conv_size}, {dtype} (use 'torch' or 'auto')")
-        if not triton_available():
-            raise ImportError("GDN decode backend 'triton' needs Triton (it ships with CUDA builds of torch)")
-        return "triton"
-    fla_ok = importlib.util.find_spec("fla") is not None
-    if backend == "fla":
-        if not fla_ok:
-            raise ImportError("GDN decode backend 'fla' needs flash-linear-attention: pip install "
-                              "'hylo-bench[gpu]' (or flash-linear-attention fla-core[cuda])")
-        return "fla"
-    if backend == "auto" and triton_ok:
-        return "triton"
-    if backend == "auto" and device.type == "cuda" and dtype != torch.float64 and fla_ok:
-        return "fla"
-    return "torch"
-
-
 class LinearServing:
     """Prefill / decode of one GDN (``hylo_bench.models.gdn.GatedDeltaNet``) or Mamba-2 mixer over a
     preallocated state (``GDNState`` / ``Mamba2State``, from the module's ``empty_state``).
@@ -84,7 +35,7 @@ class LinearServing:
             (:func:`select_gdn_decode_backend`; "triton" runs the whole token in one kernel, so ``prestep_backend``
             does not apply).
         merge_projections: GDN decode reads q/k/v/a/b/g projections with one GEMV
-            (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
+            (:func:`hylo_bench.decode.fused.merge_linears`; rebinds the module's weights as views, values unchanged).
         prestep_backend: GDN decode's convolutions + SiLU + gates: "torch" (plain ops, fused by Inductor into about
             11 kernels), "triton" (one kernel, CUDA, 4-tap convs) or "auto" (triton on CUDA when Triton imports and
             the conv has 4 taps, torch otherwise); :mod:`hylo_bench.kernels.gated_delta.decode_prestep`.
@@ -108,24 +59,14 @@ class LinearServing:
         self.gdn_backend = select_gdn_decode_backend(w.device, w.dtype, gdn_decode_backend,
                                                      getattr(module, "conv_size", 4)) if kind == "gdn" else "torch"
         self.counters: torch.Tensor | None = None  # the "triton" token kernel's per-(sequence, head) arrival counts
-        if prestep_backend not in PRESTEP_BACKENDS:
-            raise ValueError(f"prestep_backend={prestep_backend!r}; expected one of {PRESTEP_BACKENDS}")
-        if prestep_backend == "triton" and kind == "gdn":
-            if getattr(module, "conv_size", 0) != 4 or w.dtype == torch.float64:
-                raise ValueError(f"prestep_backend='triton' serves 4-tap convs in float32 / bfloat16 / float16; got "
-                                 f"conv_size={getattr(module, 'conv_size', None)}, {w.dtype} (use 'torch' or 'auto')")
-            if w.device.type != "cuda":
-                raise ValueError(f"prestep_backend='triton' needs CUDA; the module is on {w.device}")
-        if prestep_backend == "auto":
-            prestep_backend = "triton" if (w.device.type == "cuda" and w.dtype != torch.float64
-                                           and triton_available()
-                                           and getattr(module, "conv_size", 0) == 4) else "torch"
+        prestep_backend = select_prestep_backend(w.device, w.dtype, prestep_backend, getattr(module, "conv_size", 0),
+                                                 check=kind == "gdn")
         self.prestep_backend = prestep_backend
         if kind == "gdn":
             m = module
             self.conv_weight = torch.cat([c.weight.detach()[:, 0] for c in (m.q_conv1d, m.k_conv1d, m.v_conv1d)])
-            _log_once(f"GDN decode backend: {self.gdn_backend}; convs + gates: "
-                      f"{'in the same kernel' if self.gdn_backend == 'triton' else prestep_backend}")
+            DECODE_CHOICE.log(self.gdn_backend, "convs + gates: "
+                              + ("in the same kernel" if self.gdn_backend == "triton" else prestep_backend))
 
     def new_state(self, batch: int):
         """Zero state for ``batch`` sequences (float64 recurrent state for float64 models, else the module's)."""
@@ -154,7 +95,7 @@ class LinearServing:
         """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation.
 
         ``fused`` (GDN with merged projections only): with ``fused.norm`` x is the residual stream, normalised in the
-        merged GEMV's prologue; with ``fused.residual`` ``o_proj`` adds it (:mod:`hylo_bench.serving.fused`).
+        merged GEMV's prologue; with ``fused.residual`` ``o_proj`` adds it (:mod:`hylo_bench.decode.fused`).
 
         Raises:
             ValueError: ``fused`` for a Mamba-2 mixer or without merged projections.
@@ -169,7 +110,7 @@ class LinearServing:
 
     def _gdn_decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """The T == 1 path of ``GatedDeltaNet.forward``: convolutions and gates on the selected pre-step back end
-        (:func:`hylo_bench.serving.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
+        (:func:`hylo_bench.decode.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim

@@ -3,8 +3,8 @@
 The YAML files live in ``hylo_bench/recipes/`` (package data; the single source of truth, see
 ``recipes/README.md``). A recipe fixes the backbone and teacher, the layer plan, the MLA and GDN / Mamba-2
 dimensions, YaRN, and the training stages of training-recipe.md. :func:`recipe_hybrid_config` builds the
-``HyLoConfig`` from it without network access; :func:`upcycle_config_from_recipe` turns it into the
-``UpcycleConfig`` of ``hylo-bench upcycle --recipe``, with explicit CLI flags taking precedence.
+``HyLoConfig`` from it without network access; :func:`hylo_bench.config.upcycle.upcycle_config_from_recipe`
+turns it into the ``UpcycleConfig`` of ``hylo-bench upcycle --recipe``, with explicit CLI flags taking precedence.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hylo_bench.config.mixture import parse_mixture
+from hylo_bench.config.units import format_length
 
 _NUM = (int, float)
 # key -> (type, required); nested blocks are checked by _check_block.
@@ -107,7 +110,7 @@ class Recipe:
     optimizer: dict = field(default_factory=dict)
     precision: str = "bf16"
     seed: int = 42
-    data: dict | None = None  # the training mixture (hylo_bench.upcycle.mixture format; AMD's dataset_mixer)
+    data: dict | None = None  # the training mixture (hylo_bench.config.mixture format; AMD's dataset_mixer)
     chat_template: str | None = None  # renders conversational data (None: the backbone tokenizer's)
     source: str = ""  # the file it was read from
 
@@ -156,7 +159,7 @@ def unknown_recipe_message(name: str) -> str:
     close = difflib.get_close_matches(name.removeprefix("amd/"), names, n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return (f"unknown recipe {name!r}{hint} ({len(names)} shipped recipes in {recipes_dir()}: "
-            f"`python -c 'from hylo_bench.upcycle.recipes import list_recipes; print(list_recipes())'`)")
+            f"`python -c 'from hylo_bench.config.recipes import list_recipes; print(list_recipes())'`)")
 
 
 def load_recipe(name: str, overrides: dict[str, Any] | None = None) -> Recipe:
@@ -282,8 +285,6 @@ def recipe_from_dict(raw: dict, source: str = "<memory>") -> Recipe:
                           f"{n_layer} layers) and linear_type {lt!r}; expected "
                           f"'{len(mla)}MLA{n_layer - len(mla)}{'GDN' if lt == 'gdn' else 'M2'}'")
     if raw.get("data") is not None:
-        from hylo_bench.upcycle.mixture import parse_mixture
-
         try:
             parse_mixture(raw["data"], f"{source}: data")
         except ValueError as e:
@@ -362,12 +363,12 @@ class ArchitectureConfig:
 
 def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
     """The ``HyLoConfig`` of a recipe, built offline through the same path as upcycling a real backbone
-    (:func:`hylo_bench.upcycle.student_config.hybrid_config_for`).
+    (:func:`hylo_bench.config.student.hybrid_config_for`).
 
     Args:
         hf_base: build the backbone config with transformers (``base_config`` then holds every HF default);
             False uses the recipe's ``base_architecture`` keys alone (:class:`ArchitectureConfig`) and returns a
-            :class:`hylo_bench.models.spec.HybridSpec` (the same fields, no transformers or torch import; what
+            :class:`hylo_bench.config.hybrid.HybridSpec` (the same fields, no transformers or torch import; what
             ``info`` / ``kv`` use).
 
     Raises:
@@ -375,8 +376,8 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
             the backbone ``model_type`` is not llama / qwen3.
         ValueError: from ``HyLoConfig`` validation (bad ranks, indices).
     """
-    from hylo_bench.models.spec import HybridSpec
-    from hylo_bench.upcycle.student_config import hybrid_config_for
+    from hylo_bench.config.hybrid import HybridSpec
+    from hylo_bench.config.student import hybrid_config_for
 
     if hf_base:
         base = base_config_for(recipe)
@@ -399,99 +400,8 @@ def recipe_hybrid_config(recipe: Recipe, *, hf_base: bool = True):
 
 def stages_spec(recipe: Recipe) -> str:
     """The recipe's stages as a ``--stages`` string, e.g. ``"2k:ild,8k:kd"`` (``@TOKENS`` when budgeted)."""
-    from hylo_bench.upcycle.stages import format_length
-
     items = []
     for s in recipe.stages:
         item = f"{format_length(s.seq_len_tokens)}:{s.kind}"
         items.append(item + (f"@{s.token_budget}" if s.token_budget else ""))
     return ",".join(items)
-
-
-def upcycle_config_from_recipe(recipe: Recipe | None, out: str, flags: dict[str, Any]):
-    """Resolve ``hylo-bench upcycle`` settings: explicit flags > recipe > built-in defaults.
-
-    Args:
-        recipe: the recipe, or None for a flag-only run.
-        out: output directory.
-        flags: CLI values by ``UpcycleConfig`` field name; None means "not given on the command line".
-            ``kv_lora_rank`` / ``q_lora_rank`` are mixer overrides.
-
-    Returns:
-        ``UpcycleConfig``. From a recipe: base/teacher = backbone/teacher, mla_layers + linear_type, stages,
-        ild/kd lr, batch = the KD stage's per-device batch with grad_accum = global / per-device batch (one
-        process reproduces the global batch), temperature, seed, mixer dims and YaRN.
-    """
-    from hylo_bench.upcycle.run import DEMO_ILD_LR, DEMO_KD_LR, DEMO_STAGES, UpcycleConfig
-
-    given = {k: v for k, v in flags.items() if v is not None}
-    mixer = {k: given.pop(k) for k in ("kv_lora_rank", "q_lora_rank") if k in given}
-    kw: dict[str, Any] = {}
-    if recipe is not None:
-        kd = recipe.stage("kd") if any(s.kind == "kd" for s in recipe.stages) else None  # an ILD-only recipe
-        kw.update(base=recipe.backbone, teacher=recipe.teacher, mla_layers=list(recipe.mla_layers),
-                  linear_type=recipe.linear_type, stages=stages_spec(recipe),
-                  temperature=float(recipe.loss.get("temperature", 1.0)), seed=recipe.seed)
-        if kd is not None:
-            kw["kd_lr"] = float(kd.lr)
-        if any(s.kind == "ild" for s in recipe.stages):
-            kw["ild_lr"] = float(recipe.stage("ild").lr)
-        if kd is not None and kd.per_device_batch_sequences:
-            kw["batch_size"] = kd.per_device_batch_sequences
-            if kd.global_batch_sequences:
-                kw["grad_accum"] = max(1, kd.global_batch_sequences // kd.per_device_batch_sequences)
-        kw["mixer_overrides"] = mixer_dims(recipe)
-        if recipe.data is not None:
-            kw["data"] = {"source": recipe.source, "mixture": copy.deepcopy(recipe.data)}
-        if recipe.chat_template is not None:
-            kw["chat_template"] = recipe.chat_template
-        if "layout" in given or "mla_layers" in given or "init_from" in given:  # another layer plan
-            kw.pop("mla_layers")
-            if "layout" in given or "init_from" in given:
-                kw.pop("linear_type")
-        if "init_from" in given:  # the checkpoint brings its own dims
-            kw["mixer_overrides"] = {}
-    else:
-        demo = given.get("base", "demo") == "demo"
-        kw.update(stages=DEMO_STAGES if demo else "2k:ild,8k", ild_lr=DEMO_ILD_LR if demo else 2e-4,
-                  kd_lr=DEMO_KD_LR if demo else 6e-5)
-    kw.update(given)
-    kw["mixer_overrides"] = {**kw.get("mixer_overrides", {}), **mixer}
-    if recipe is not None:
-        kw["recipe"] = recipe.name
-    return UpcycleConfig(out=out, **kw)
-
-
-def resolve_upcycle_cli(recipe_name: str | None, sets: dict[str, Any], out: str, flags: dict[str, Any]):
-    """``hylo-bench upcycle`` flags -> ``UpcycleConfig`` (see :func:`upcycle_config_from_recipe`).
-
-    Args:
-        recipe_name: ``--recipe`` or None. sets: ``--set KEY=VALUE`` overrides of recipe keys.
-        flags: CLI values; None = not given. ``tokens_per_stage`` is text such as ``"20M"``.
-
-    Raises:
-        RecipeError / ValueError: unknown recipe, bad recipe field, ``--set`` without ``--recipe``.
-    """
-    from hylo_bench.upcycle.stages import parse_token_count
-
-    if sets and recipe_name is None:
-        raise RecipeError(f"--set {', '.join(sets)}: overrides recipe keys and needs --recipe NAME")
-    recipe = load_recipe(recipe_name, overrides=sets) if recipe_name is not None else None
-    flags = dict(flags)
-    if flags.get("tokens_per_stage") is not None:
-        flags["tokens_per_stage"] = parse_token_count(flags["tokens_per_stage"])
-    if isinstance(flags.get("batch_tokens"), str):
-        from hylo_bench.upcycle.stages import parse_length
-
-        try:
-            flags["batch_tokens"] = parse_length(flags["batch_tokens"])
-        except ValueError as e:
-            raise ValueError(f"--batch-tokens: {e}") from None
-    cfg = upcycle_config_from_recipe(recipe, out, flags)
-    if cfg.layout is None and cfg.mla_layers is not None:  # fail before any download, not after
-        from hylo_bench.upcycle.run import _check_linear_type
-
-        n = len(cfg.mla_layers)
-        _check_linear_type(cfg.linear_type, f"{n}MLA{(recipe.num_layers if recipe else n) - n}"
-                                            f"{'GDN' if cfg.linear_type == 'gdn' else 'M2'}")
-    return cfg

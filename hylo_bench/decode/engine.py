@@ -6,8 +6,8 @@ Legend: B batch, T prompt tokens, Tm max context (cache capacity), D hidden, V v
 
 Prefill runs in chunks of ``prefill_chunk`` tokens through every layer (bounded activations); only the last
 position's hidden state reaches the LM head, so [T, V] logits are never built. Decode feeds one token per
-sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.serving.mla_layer`),
-linear layers their recurrent step (:mod:`hylo_bench.serving.linear_layer`). With ``cuda_graphs=True`` (HyLo,
+sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.decode.mla_layer`),
+linear layers their recurrent step (:mod:`hylo_bench.decode.linear_layer`). With ``cuda_graphs=True`` (HyLo,
 CUDA only) the decode step is captured once per batch size and replayed. Timings synchronise the device.
 """
 
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.kernels.gemv import GEMV_BACKENDS, triton_available
-from hylo_bench.serving.fused import Prologue, merge_mlp, mlp_forward, project
-from hylo_bench.serving.linear_layer import LinearServing
-from hylo_bench.serving.mla_layer import MLAServing, flash_gqa_supported
+from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
+from hylo_bench.decode.linear_layer import LinearServing
+from hylo_bench.decode.mla_layer import MLAServing, flash_gqa_supported
+from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
@@ -72,12 +72,14 @@ class Timings:
                 "cuda_graphs": self.cuda_graphs}
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op elsewhere. Timings call it before reading the clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _peak_gib(device: torch.device) -> float | None:
+def peak_gib(device: torch.device) -> float | None:
+    """Peak allocated memory on a CUDA device since the last reset, GiB (2**30 bytes); None off CUDA."""
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
@@ -144,13 +146,13 @@ class _EngineBase:
         dev = self.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        _sync(dev)
+        sync_device(dev)
         t0 = time.perf_counter()
         logits = self.prefill(input_ids)
         tok = logits.argmax(-1)
-        _sync(dev)
+        sync_device(dev)
         ttft = time.perf_counter() - t0
-        prefill_peak = _peak_gib(dev)
+        prefill_peak = peak_gib(dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         out = [tok]
@@ -158,7 +160,7 @@ class _EngineBase:
         self._prepare_decode(tok, pos)
         steps = self._timed_decode(tok, pos, max_new_tokens - 1, out)
         timings = Timings(batch_size=B, prompt_tokens=T, new_tokens=max_new_tokens, ttft_s=ttft, decode_step_s=steps,
-                          prefill_peak_gib=prefill_peak, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+                          prefill_peak_gib=prefill_peak, decode_peak_gib=peak_gib(dev), cuda_graphs=self.cuda_graphs)
         return torch.stack(out, dim=1).cpu(), timings
 
     @torch.inference_mode()
@@ -218,7 +220,7 @@ class _EngineBase:
                 steps.append(time.perf_counter() - s0)
             out.append(tok)
             pos = pos + 1
-        _sync(dev)
+        sync_device(dev)
         if events:
             steps = [a.elapsed_time(b) / 1e3 for a, b in events]
         return steps
@@ -244,7 +246,7 @@ class _EngineBase:
         out: list[torch.Tensor] = []
         step_s = self._timed_decode(tok, pos, steps, out)
         return Timings(batch_size=batch, prompt_tokens=context_tokens, new_tokens=steps, ttft_s=0.0,
-                       decode_step_s=step_s, decode_peak_gib=_peak_gib(dev), cuda_graphs=self.cuda_graphs)
+                       decode_step_s=step_s, decode_peak_gib=peak_gib(dev), cuda_graphs=self.cuda_graphs)
 
     @torch.inference_mode()
     def time_prefill_chunk(self, batch: int, start: int, length: int, seed: int = 0) -> float:
@@ -255,10 +257,10 @@ class _EngineBase:
         self._check(torch.zeros(batch, start + length, dtype=torch.long), 1)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, self.model.config.vocab_size, (batch, length), generator=gen).to(self.device)
-        _sync(self.device)
+        sync_device(self.device)
         t0 = time.perf_counter()
         self._lm_logits(self._prefill(ids, start))
-        _sync(self.device)
+        sync_device(self.device)
         return time.perf_counter() - t0
 
 
@@ -266,7 +268,7 @@ class Engine(_EngineBase):
     """Serving engine for a ``HyLoForCausalLM``.
 
     Caches (allocated once, here): per MLA layer a latent cache [max_batch, max_context, R + P] (+ [.., G] key
-    scales for Qwen3 q/k-norm models, see :mod:`hylo_bench.serving.mla_layer`); per GDN layer the recurrent state
+    scales for Qwen3 q/k-norm models, see :mod:`hylo_bench.decode.mla_layer`); per GDN layer the recurrent state
     [max_batch, H, K, Vd] fp32 + conv inputs; per Mamba-2 layer the SSM state [max_batch, H, P, N] + conv inputs.
 
     Args:
@@ -277,9 +279,9 @@ class Engine(_EngineBase):
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
-            :func:`hylo_bench.serving.linear_layer.select_gdn_decode_backend`).
+            :func:`hylo_bench.kernels.gated_delta.select_gdn_decode_backend`).
         compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA and GDN kernels
-            are opaque custom ops, :mod:`hylo_bench.serving.ops`) so Inductor fuses the small element-wise kernels
+            are opaque custom ops, :mod:`hylo_bench.decode.ops`) so Inductor fuses the small element-wise kernels
             around them; composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
             per batch size compiles (tens of seconds to minutes).
         compile_mode: ``torch.compile`` mode (default "default": Inductor fuses the element-wise kernels, the GEMVs
@@ -289,22 +291,23 @@ class Engine(_EngineBase):
         compile_options: Inductor options instead of a mode (e.g. ``{"max_autotune": True,
             "coordinate_descent_tuning": False}``: autotuned GEMMs without turning batch-1 GEMVs into reductions).
         merge_projections: per layer, read the projections that share an input with one GEMV (GDN q/k/v/a/b/g, MLA
-            first query projection + kv_a, MLP gate + up; :mod:`hylo_bench.serving.fused`). The model's weights are
+            first query projection + kv_a, MLP gate + up; :mod:`hylo_bench.decode.fused`). The model's weights are
             rebound as row views of the merged buffers: same values, same memory. None (default): merge, except
             under a "max-autotune" compile mode, whose coordinate-descent tuning turns batch-1 GEMVs into fused
             Triton reductions that ran faster unmerged (H200, 64K: 36.8 % vs 34.9 % of the bandwidth bound; with
             cuBLAS GEMVs merging won, 30.8 % vs 26.7 %; ``benchmarks/results/decode_profile_run*.json``).
         gemv_backend: "torch" (``F.linear`` / cuBLAS, the element-wise work around it left to Inductor), "triton"
             (decode GEMVs on :func:`hylo_bench.kernels.gemv.fused_gemv`'s Triton kernel with the layer's RMSNorms,
-            SwiGLU and residual adds fused into them, :mod:`hylo_bench.serving.fused`) or "auto" (default: triton
+            SwiGLU and residual adds fused into them, :mod:`hylo_bench.decode.fused`) or "auto" (default: triton
             with merged projections on CUDA when Triton imports, torch otherwise). With the GDN pre-step kernel
             (``gdn_prestep_backend``) this took the H200's 64K decode step from 2.75 to 2.05 ms
             (``benchmarks/results/decode_profile.json``). Needs merged
             projections; layers it cannot fuse (a Mamba-2 mixer, a biased projection, a non-SiLU MLP) keep the
             torch path for that part. CUDA batches of at most 16 sequences (larger ones take the torch reference).
             With it, each MLA layer also runs ``q_b_proj`` on the Triton GEMV and its query / cache-row glue and
-            ``W_UV`` on two Triton kernels (:meth:`hylo_bench.serving.mla_layer.MLAServing.prep_triton`; with the
-            GDN token kernel, 64K decode 1.87 -> 1.70 ms, 60.1 % of the bound: ``decode_profile_64k_tuned_at_64k.json``).
+            ``W_UV`` on two Triton kernels (:meth:`hylo_bench.decode.mla_layer.MLAServing.prep_triton`; with the
+            GDN token kernel, 64K decode 1.87 -> 1.70 ms, 60.1 % of the bound:
+            ``decode_profile_64k_tuned_at_64k.json``).
         fused_gemvs: with gemv_backend "triton", which GEMVs take the fused kernel (the others stay cuBLAS with
             their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
             (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +
@@ -343,8 +346,7 @@ class Engine(_EngineBase):
         if gemv_backend not in GEMV_BACKENDS + ("auto",):
             raise ValueError(f"gemv_backend={gemv_backend!r}; expected 'auto' or one of {GEMV_BACKENDS}")
         if gemv_backend == "auto":
-            gemv_backend = "triton" if (merge_projections and self.device.type == "cuda" and triton_available()
-                                        and next(model.parameters()).dtype != torch.float64) else "torch"
+            gemv_backend = select_gemv_backend(self.device, next(model.parameters()).dtype, merge_projections)
         if gemv_backend == "triton" and not merge_projections:
             raise ValueError("gemv_backend='triton' fuses norms into the merged projections: it needs "
                              "merge_projections=True (or None with a non-max-autotune compile mode)")
@@ -388,7 +390,7 @@ class Engine(_EngineBase):
 
     @staticmethod
     def _slot_tensors(slot):
-        from hylo_bench.serving.mla_layer import MLACacheSlot
+        from hylo_bench.decode.mla_layer import MLACacheSlot
 
         if isinstance(slot, MLACacheSlot):
             return [("mla_latent", slot.latent)] + ([("mla_key_scale", slot.key_scale)] if slot.key_scale is not None
@@ -476,7 +478,7 @@ class Engine(_EngineBase):
         return self._logits_to_token(h)
 
     def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
-        from hylo_bench.serving.mla_layer import MLACacheSlot
+        from hylo_bench.decode.mla_layer import MLACacheSlot
 
         self.reset()
         for slot in self.slots:

@@ -1,6 +1,6 @@
 """HyLo configuration fields, in plain Python: the layer plan and mixer dimensions of a hybrid
 (``hybrid_config.json``). No torch or transformers import, so ``hylo-bench info`` / ``kv`` stay instant;
-:class:`hylo_bench.models.config.HyLoConfig` is the same fields bound to transformers' ``PretrainedConfig``.
+:class:`hylo_bench.config.hylo_config.HyLoConfig` is the same fields bound to transformers' ``PretrainedConfig``.
 
 A released HyLo checkpoint directory holds two configs (checkpoint-format.md §2-3):
 
@@ -8,7 +8,7 @@ A released HyLo checkpoint directory holds two configs (checkpoint-format.md §2
   vocab size, norm eps, activation, RoPE base and token ids from it.
 * ``hybrid_config.json``: the Zebra-Llama ``HybridConfig`` fields plus the HyLo GDN additions.
 
-``HybridFields`` holds both in one object; ``HyLoConfig`` (``models/config.py``) mixes it into a transformers
+``HybridFields`` holds both in one object; ``HyLoConfig`` (``config/hylo_config.py``) mixes it into a transformers
 ``PretrainedConfig`` so ``HyLoForCausalLM`` can be a ``PreTrainedModel``; ``HybridSpec`` is the torch-free twin.
 """
 
@@ -647,7 +647,7 @@ class HybridFields:
 class HybridSpec(HybridFields):
     """The hybrid config without transformers: same fields, validation, ``from_dicts`` / ``from_directory`` /
     ``to_hybrid_dict`` / ``to_base_dict`` as ``HyLoConfig`` (``tests/models/test_spec.py`` checks they agree
-    on every shipped recipe). What ``hylo-bench info`` / ``kv`` use; :meth:`to_hylo_config` converts.
+    on every shipped recipe). What ``hylo-bench info`` / ``kv`` use; ``HyLoConfig.from_spec`` converts.
 
     Raises:
         ValueError: as :class:`HybridFields`.
@@ -660,12 +660,6 @@ class HybridSpec(HybridFields):
             setattr(self, k, rest.pop(k, None))
         self.extra = rest
         self._validate()
-
-    def to_hylo_config(self):
-        """The equivalent :class:`hylo_bench.models.config.HyLoConfig` (imports transformers)."""
-        from hylo_bench.models.config import HyLoConfig
-
-        return HyLoConfig.from_dicts(self.to_base_dict(), self.to_hybrid_dict())
 
 
 def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:

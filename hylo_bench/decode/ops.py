@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op", "mla_decode_prep_op", "mla_value_up_op"]
+__all__ = ["fused_gemv_op", "gdn_decode_prestep_op", "gdn_decode_step", "gdn_decode_token_op", "mla_decode_op",
+           "mla_decode_prep_op", "mla_value_up_op"]
 
 
 def _impl_mla(q_lat, q_rope, cache, lengths, scale, key_scale, backend):

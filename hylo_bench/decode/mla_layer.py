@@ -16,7 +16,6 @@ G extra cache elements per token (2.5 % for Qwen 7MLA: 8 on top of 320).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +23,9 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from hylo_bench.kernels.mla_decode import select_mla_decode_backend
-from hylo_bench.serving.fused import Prologue, merge_linears, project
-from hylo_bench.serving.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
-
-logger = logging.getLogger(__name__)
+from hylo_bench.decode.fused import Prologue, merge_linears, project
+from hylo_bench.decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
+from hylo_bench.kernels.mla_decode import CHOICE as MLA_DECODE_CHOICE
 
 
 @dataclass
@@ -83,7 +80,7 @@ class MLAServing:
         mla: the MLA module (``hylo_bench.models.mla.MLA``).
         decode_backend: "auto", "torch" or "triton" (see :func:`hylo_bench.kernels.mla_decode.mla_decode`).
         merge_projections: read the query's first projection (``q_proj`` or ``q_a_proj``) and
-            ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.serving.fused.merge_linears`; rebinds the module's
+            ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.decode.fused.merge_linears`; rebinds the module's
             weights as views, values unchanged).
     """
 
@@ -105,8 +102,8 @@ class MLAServing:
         self.inv_freq = mla.rotary.inv_freq.to(device=w.device)
         self.mscale = mla.rotary.mscale
         if decode_backend == "auto":  # resolved once here, so a traced decode step sees a constant
-            decode_backend, reason = select_mla_decode_backend(w.device, w.dtype)
-            logger.info("MLA decode backend: %s (%s)", decode_backend, reason)
+            decode_backend, reason = MLA_DECODE_CHOICE.choose(w.device, w.dtype)
+            MLA_DECODE_CHOICE.log(decode_backend, reason)
         self.decode_backend = decode_backend
         # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs, for
         # LlamaRMSNorm-style norms and the query through q_b_proj (no bias) or a merged q_proj
@@ -210,7 +207,7 @@ class MLAServing:
                 merged GEMV). slot: this layer's cache. positions: [B] int64 on x's device.
             fused: Triton GEMVs with ``fused.norm`` (if set) as the merged projection's prologue and
                 ``fused.residual`` (if set) added by ``out_proj`` (needs merged projections;
-                :mod:`hylo_bench.serving.fused`).
+                :mod:`hylo_bench.decode.fused`).
 
         Returns:
             [B, 1, D] mixer output (plus ``fused.residual`` when set).

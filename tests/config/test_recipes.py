@@ -7,14 +7,14 @@ explicit formulas below, not computed by the code under test.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
 import torch
 import yaml
 
-from hylo_bench.upcycle import recipes as R
+from hylo_bench.config import recipes as R
+from hylo_bench.config.upcycle import resolve_upcycle_cli
 
 # checkpoint-format.md §1: the 14 released checkpoints.
 RELEASED = sorted(
@@ -56,14 +56,6 @@ PAPER_PARAMS_B = {("Llama-1B", 4, "M2"): 1.5, ("Llama-1B", 4, "GDN"): 1.7, ("Lla
                   ("Llama-1B", 8, "GDN"): 1.6, ("Llama-3B", 6, "M2"): 3.8, ("Llama-3B", 6, "GDN"): 4.3,
                   ("Llama-3B", 14, "M2"): 3.7, ("Llama-3B", 14, "GDN"): 4.0, ("Qwen", 7, "M2"): 2.1,
                   ("Qwen", 7, "GDN"): 2.3, ("Qwen", 14, "M2"): 2.1, ("Qwen", 14, "GDN"): 2.2}
-
-
-def _mamba2_available() -> bool:
-    return importlib.util.find_spec("hylo_bench.models.mamba2") is not None
-
-
-NEEDS_MAMBA2 = pytest.mark.skipif(not _mamba2_available(), reason="Mamba-2 mixer (hylo_bench.models.mamba2) is not "
-                                                                    "in this build yet; runs after the Mamba-2 merge")
 
 
 def _parse(name: str) -> tuple[str, int, str, int]:
@@ -201,7 +193,6 @@ def test_gdn_recipe_builds_exactly_the_released_architecture(name):
     _check_exact_architecture(name)
 
 
-@NEEDS_MAMBA2
 @pytest.mark.parametrize("name", [n for n in RELEASED + PAPER_ONLY if "M2" in n])
 def test_mamba2_recipe_builds_exactly_the_released_architecture(name):
     _check_exact_architecture(name)
@@ -279,7 +270,7 @@ def test_recipe_resolves_upcycle_config_and_flags_override(tmp_path):
     name = "HyLo-Llama-4MLA12GDN-8K-SFT"
     none = dict(base=None, teacher=None, layout=None, mla_layers=None, stages=None, batch_size=None, grad_accum=None,
                 ild_lr=None, kd_lr=None, kv_lora_rank=None, q_lora_rank=None, seed=None, tokens_per_stage=None)
-    cfg = R.resolve_upcycle_cli(name, {}, str(tmp_path), none)
+    cfg = resolve_upcycle_cli(name, {}, str(tmp_path), none)
     assert (cfg.base, cfg.teacher) == ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
     assert (cfg.mla_layers, cfg.linear_type, cfg.stages) == ([1, 5, 10, 14], "gdn", "2k:ild,8k:kd")
     assert (cfg.ild_lr, cfg.kd_lr, cfg.batch_size, cfg.grad_accum) == (2e-4, 6e-5, 4, 8)  # 32 = 4 x 8
@@ -287,16 +278,16 @@ def test_recipe_resolves_upcycle_config_and_flags_override(tmp_path):
                                                    "original_max_position_embeddings": 2048}
     assert cfg.mixer_overrides["kv_lora_rank"] == 128 and cfg.recipe == name
     flags = none | dict(kd_lr=1e-4, batch_size=2, kv_lora_rank=64, layout="8MLA8GDN", tokens_per_stage="20M")
-    cfg = R.resolve_upcycle_cli(name, {"stages.1.seq_len_tokens": 4096, "mla.q_lora_rank": 1024}, str(tmp_path),
+    cfg = resolve_upcycle_cli(name, {"stages.1.seq_len_tokens": 4096, "mla.q_lora_rank": 1024}, str(tmp_path),
                                 flags)
     assert (cfg.kd_lr, cfg.batch_size, cfg.grad_accum) == (1e-4, 2, 8)
     assert (cfg.layout, cfg.mla_layers, cfg.stages, cfg.tokens_per_stage) == ("8MLA8GDN", None, "2k:ild,4k:kd",
                                                                                20_000_000)
     assert (cfg.mixer_overrides["kv_lora_rank"], cfg.mixer_overrides["q_lora_rank"]) == (64, 1024)
     with pytest.raises(R.RecipeError, match=r"unknown key\(s\) \['mla.kv_rank'\]"):
-        R.resolve_upcycle_cli(name, {"mla.kv_rank": 1}, str(tmp_path), none)
+        resolve_upcycle_cli(name, {"mla.kv_rank": 1}, str(tmp_path), none)
     with pytest.raises(R.RecipeError, match="needs --recipe"):
-        R.resolve_upcycle_cli(None, {"mla.kv_lora_rank": 1}, str(tmp_path), none)
+        resolve_upcycle_cli(None, {"mla.kv_lora_rank": 1}, str(tmp_path), none)
 
 
 def test_recipe_file_round_trip_through_upcycle_and_info(tiny_base_dir, tmp_path):
