@@ -319,7 +319,8 @@ def ruler(
                                        "random_seed 0."),
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     haystack: Optional[Path] = typer.Option(None, "--haystack", help="Text file for the essay haystack."),
-    batch_size: int = typer.Option(1, "--batch-size"),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts per generate() call (left-padded); with the native "
+                                   "engine and a HyLo model, continuous-batching slots (same predictions as 1)."),
     chat_template: bool = typer.Option(False, "--chat-template/--no-chat-template"),
     device: Optional[str] = typer.Option(None, "--device"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores."),
@@ -346,7 +347,7 @@ def ruler(
     beyond_context: bool = typer.Option(False, "--beyond-context", help="Allow lengths past the model's configured "
                                         "context (max_position_embeddings / rope scaling): length generalisation."),
     engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), native "
-                               "(greedy through the native serving engine, one prompt at a time) or auto (native "
+                               "(greedy through the native serving engine, continuous batching over --batch-size slots) or auto (native "
                                "for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
@@ -477,7 +478,8 @@ def eval_(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
-                               "batched), native (serving engine, one prompt at a time) or auto (native for a HyLo "
+                               "batched), native (serving engine; a HyLo model's requests continuously batched over --batch-size slots) "
+                               "or auto (native for a HyLo "
                                "model on CUDA)."),
     devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device cpu "
                                 "all on CPU): lm-eval shards the requests, rank 0 saves. torchrun works too."),

@@ -216,6 +216,7 @@ def test_native_engine_generate_until_equals_generate(kind, tiny_models, tiny_to
     stop = longest[len(longest) // 2 : len(longest) // 2 + 2]  # a stop string met mid-generation
     cut = run("native", [stop], 1)[1]
     assert cut == run("generate", [stop], 3)[1]
+    assert run("native", [stop], 2)[1] == cut  # 3 requests on 2 continuous-batching slots (HyLo): one refill
     assert cut[free.index(longest)] == longest.split(stop)[0]
 
 
