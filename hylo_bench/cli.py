@@ -573,6 +573,10 @@ def sweep(
                                 "loop) or vllm."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also sweep this model: 'backbone' (the "
                                            "recipe's backbone, random weights) or a checkpoint / hub id."),
+    baseline_static: bool = typer.Option(True, "--baseline-static/--no-baseline-static", help="With --baseline, "
+                                         "also sweep it through transformers' static-cache generate (series "
+                                         "baseline-static; torch.compile + CUDA graphs with --compile or "
+                                         "--cuda-graphs on CUDA) besides the eager series."),
     decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),
     prefill_chunk: str = typer.Option("8k", "--prefill-chunk", help="Native engine prefill chunk (tokens)."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture the decode step in a CUDA graph."),
@@ -590,7 +594,8 @@ def sweep(
     db: Optional[str] = typer.Option(None, "--db", help="Results store (path or URL); see `hylo-bench import`."),
     no_store: bool = typer.Option(False, "--no-store", help="Write only the JSON, not the results store."),
 ) -> None:
-    """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
+    """Serving sweep: TTFT, decode tokens/s, TPOT, the decode step's bandwidth bound and peak memory per context x
+    batch, one process per point."""
     from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
     from hylo_bench.config.units import parse_length
 
@@ -602,7 +607,7 @@ def sweep(
         cfg = SweepConfig(
             model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
             batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,
-            decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
+            baseline_static=baseline_static, decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
             compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
             find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
             dtype=dtype, out=out, db=db, store=not no_store)

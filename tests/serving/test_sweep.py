@@ -14,7 +14,8 @@ from hylo_bench.serving import sweep as S
 from hylo_bench.serving import sweep_worker
 from tests.conftest import make_base, tiny_hybrid_config
 
-REQUIRED = ("seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "peak_memory_gib", "status")
+REQUIRED = ("layout", "seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "bound_tpot_s", "fraction_of_bound",
+            "mode", "peak_memory_gib", "status")
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +57,20 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
     assert {"git_sha", "device", "versions", "records"} <= saved.keys() and saved["device"] == "cpu"
     recs = saved["records"]
     assert [(r["series"], r["seq_len"], r["status"]) for r in recs] == [
-        ("model", 16, "ok"), ("model", 24, "oom"), ("baseline", 16, "ok"), ("baseline", 24, "oom")]
-    assert len(seen) == 4
-    for r in (recs[0], recs[2]):
+        ("model", 16, "ok"), ("model", 24, "oom"), ("baseline", 16, "ok"), ("baseline", 24, "oom"),
+        ("baseline-static", 16, "ok"), ("baseline-static", 24, "oom")]
+    assert len(seen) == 6 and S.points_total(cfg) == 6
+    for r in (recs[0], recs[2], recs[4]):
         assert all(r[k] is not None for k in REQUIRED)
         assert r["tokens_per_s"] == pytest.approx(r["batch_size"] / r["tpot_s"], rel=0.5)
         assert r["prompt_tokens"] == 16 and r["new_tokens"] == 3 and r["peak_memory_source"] == "rss"
-    assert recs[0]["engine"] == "Engine" and recs[2]["engine"] == "TransformerEngine"
-    assert recs[0]["layout"] == "2MLA2GDN" and recs[2]["layout"] == "transformer"
+        assert r["mode"] == "full" and r["bandwidth_source"] == "measured"
+        assert r["fraction_of_bound"] == pytest.approx(r["bound_tpot_s"] / r["tpot_s"])
+        assert r["bound_tpot_s"] == pytest.approx(r["bound_bytes_per_step"] / r["copy_bandwidth_B_per_s"])
+    assert [recs[k]["engine"] for k in (0, 2, 4)] == ["Engine", "TransformerEngine", "transformers-static"]
+    assert recs[0]["layout"] == "2MLA2GDN" and recs[2]["layout"] == recs[4]["layout"] == "transformer"
+    # the baseline's KV cache read per step: 4 layers x 2 (K, V) x 2 KV heads x 16 dims x 4 bytes x 16 tokens
+    assert recs[2]["bound_cache_bytes"] == recs[4]["bound_cache_bytes"] == 4 * 2 * 2 * 16 * 4 * 16
     assert "simulated" in recs[1]["error"]
     # KV cache of the hybrid: 2 MLA layers x (32 + 8) fp32 per token x (16 + 3) slots, plus 2 GDN states
     gdn = HyLoForCausalLM(tiny_hybrid_config(vocab_size=120)).model.layers[0].gdn
@@ -73,7 +80,7 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
 
     engine = store.open_store(cfg.db)
     pts = store.points_frame(engine)
-    assert len(pts) == 4 and list(pts["status"]) == ["ok", "oom", "ok", "oom"]
+    assert len(pts) == 6 and list(pts["status"]) == ["ok", "oom"] * 3
     before = store.table_counts(engine)
     out = store.import_files(engine, [cfg.out])
     assert out[0].status == "unchanged" and store.table_counts(engine) == before
