@@ -205,8 +205,10 @@ class SweepRun:
                 "compile": c.compile, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0,
                 "engine": engine}
         rec = run_worker(spec, c.point_timeout_s)
+        # the static-cache baseline is the same model: a variant, so reports draw it as its own series
         return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
-                         "point": kind, "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})
+                         "variant": engine or "", "point": kind, "seq_len": seq_len, "batch_size": batch,
+                         "decode_steps": c.decode_steps, **rec})
 
     def add(self, rec: dict[str, Any]) -> dict[str, Any]:
         rec = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
