@@ -17,6 +17,9 @@ Records (benchmark format, ``benchmarks/results/batched_decode.json``, rewritten
   early) through :func:`hylo_bench.decode.batching.continuous_generate` (slots refilled as requests finish):
   ``samples_per_s``, ``tokens_per_s``, prefill and decode seconds.
 
+- ``benchmark: batched_decode_parity``: continuous batching with the device's kernels and CUDA graphs against
+  batch-1 decoding (2K prompts, 16 tokens): ``requests_equal`` of ``requests``.
+
 Every point runs in try/except and records its ``status`` (ok | oom | error | skipped); ``--max-seconds`` skips
 the points that would not fit and a watchdog writes the file and exits if a point overruns.
 
@@ -38,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result_envelope, write_result  # noqa: E402
+from _common import result_envelope, write_result
 
 GIB = 2 ** 30
 RECIPE = "HyLo-Qwen-7MLA21GDN-8K-SFT"
@@ -191,6 +194,35 @@ def ruler_point(run: Run, model, info: dict, T: int, B: int, *, samples: int, ne
     return run.add(rec)
 
 
+def parity_point(run: Run, model, info: dict, *, B: int, T: int, new_tokens: int, chunk: int, graphs: bool,
+                 seed: int = 1) -> dict:
+    """Continuous batching on the device (its kernels, CUDA graphs) against batch-1 ``generate_until``: 2B requests
+    of T/2..T tokens. bf16 GEMMs of another batch size may round differently, so a near-tie can flip a greedy token
+    with random weights; the record gives the share of requests whose tokens are equal."""
+    from hylo_bench.decode.batching import Request, continuous_generate
+    from hylo_bench.decode.engine import Engine
+
+    rec = {"benchmark": "batched_decode_parity", "layout": info["layout"], "seq_len": T, "batch_size": B,
+           "new_tokens": new_tokens, "cuda_graphs": graphs}
+    try:
+        g = torch.Generator().manual_seed(seed)
+        vocab = model.config.vocab_size
+        prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist()
+                   for n in torch.randint(T // 2, T + 1, (2 * B,), generator=g)]
+        batched = continuous_generate(Engine(model, B, T + new_tokens, chunk, cuda_graphs=graphs),
+                                      [Request(ids=p, max_new_tokens=new_tokens) for p in prompts])
+        free()
+        single = Engine(model, 1, T + new_tokens, chunk, cuda_graphs=graphs)
+        one = [single.generate_until(torch.tensor([p]), new_tokens, set()) for p in prompts]
+        same = [a == b for a, b in zip(batched, one)]
+        rec.update(requests=len(prompts), requests_equal=sum(same), tokens_equal_batch1=all(same),
+                   first_token_equal=sum(a[:1] == b[:1] for a, b in zip(batched, one)), status="ok")
+    except Exception as exc:  # noqa: BLE001
+        rec = _error(rec, exc)
+    free()
+    return run.add(rec)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -256,6 +288,12 @@ def main(argv: list[str] | None = None) -> None:
             continue
         ruler_point(run, model, info, T, B, samples=n, new_tokens=new_tokens, chunk=chunk, graphs=graphs,
                     device=device)
+    if run.left() >= (0 if args.tiny else 20):
+        parity_point(run, model, info, B=2 if args.tiny else 4, T=48 if args.tiny else 2048,
+                     new_tokens=4 if args.tiny else 16, chunk=chunk, graphs=graphs)
+    else:
+        run.add({"benchmark": "batched_decode_parity", "layout": info["layout"], "status": "skipped",
+                 "error": f"{run.left():.0f} s left of --max-seconds"})
     env["finished"] = True
     run.save()
     print(f"done in {time.monotonic() - run.t0:.0f} s: {args.out}", flush=True)

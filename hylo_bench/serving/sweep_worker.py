@@ -104,14 +104,15 @@ class _StepClock:
 
     def seconds(self, start) -> list[float]:
         """Seconds from ``start`` to the first token, then between consecutive tokens (device synchronised)."""
+        import itertools
+
         import torch
 
+        pairs = itertools.pairwise([start, *self.marks])
         if self.cuda:
             torch.cuda.synchronize()
-            pts = [start] + self.marks
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(pts, pts[1:])]
-        pts = [start] + self.marks
-        return [b - a for a, b in zip(pts, pts[1:])]
+            return [a.elapsed_time(b) / 1e3 for a, b in pairs]
+        return [b - a for a, b in pairs]
 
 
 def _hf_static_generate_timed(model, ids, steps: int, compile: bool, warmup: bool):
@@ -132,9 +133,9 @@ def _hf_static_generate_timed(model, ids, steps: int, compile: bool, warmup: boo
     dev = ids.device
     B, T = ids.shape
     cache = StaticCache(config=model.config, max_cache_len=T + steps)
-    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, past_key_values=cache,
-              compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead") if compile else None,
-              disable_compile=not compile)
+    kw = {"do_sample": False, "eos_token_id": None, "pad_token_id": 0, "past_key_values": cache,
+          "compile_config": CompileConfig(fullgraph=False, mode="reduce-overhead") if compile else None,
+          "disable_compile": not compile}
 
     def gen(x, n, clock=None):
         cache.reset()

@@ -51,10 +51,12 @@ def test_tiny_run_writes_the_envelope_and_flat_records(tmp_path):
     for r in ruler:
         assert "ruler" in r["benchmark"] and r["samples_per_s"] > 0 and r["all_full_length"] is True
         assert r["generated_tokens"] == 4 * r["num_samples"]
+    (parity,) = [r for r in recs if r["benchmark"] == "batched_decode_parity"]
+    assert parity["status"] == "ok" and parity["tokens_equal_batch1"] is True and parity["requests"] == 4
 
 
 def test_max_seconds_guard_skips_points_and_still_writes(tmp_path):
     doc = _run(tmp_path, "--max-seconds", "0")
     recs = doc["records"]
-    assert len(recs) == 5 and {r["status"] for r in recs} == {"skipped"}
+    assert len(recs) == 6 and {r["status"] for r in recs} == {"skipped"}
     assert all("--max-seconds" in r["error"] for r in recs)

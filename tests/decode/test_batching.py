@@ -118,3 +118,16 @@ def test_continuous_generate_refuses_bad_requests():
         engine.prefill_row(2, torch.tensor([[3, 4]]))
     with pytest.raises(ValueError, match="needs the HyLo Engine"):
         continuous_generate(TransformerEngine(make_base(), 2, 16), [Request(ids=[3], max_new_tokens=2)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gdn-qknorm", "mamba"])
+def test_gpu_continuous_batching_with_graphs_equals_batch_one(kind):
+    """On CUDA (Triton MLA / GDN kernels, fused GEMVs, CUDA graphs), float32 so batch sizes round alike."""
+    model = _model(kind).cuda()
+    prompts = _prompts()
+    single = Engine(model, max_batch=1, max_context=24, cuda_graphs=True)
+    want = [single.generate_until(torch.tensor([p]), n, set()) for p, n in zip(prompts, BUDGETS)]
+    engine = Engine(model, max_batch=3, max_context=24, cuda_graphs=True)
+    got = continuous_generate(engine, [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, BUDGETS)])
+    assert engine.cuda_graphs and got == want

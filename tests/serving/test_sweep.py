@@ -155,3 +155,12 @@ def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
     res = runner.invoke(app, [*base, "--contexts", "8q"])
     assert res.exit_code == 2 and "8q" in res.output
     assert not (tmp_path / "s.json").exists()
+
+
+def test_static_cache_baseline_gives_the_eager_loops_tokens_and_one_time_per_token():
+    model = make_base("qwen3")
+    ids = torch.randint(3, 400, (2, 20), generator=torch.Generator().manual_seed(0))
+    eager, _ = sweep_worker._hf_generate_timed(model, ids, 5)
+    static, t = sweep_worker._hf_static_generate_timed(model, ids, 5, compile=False, warmup=True)
+    assert torch.equal(static, eager) and static.shape == (2, 5)
+    assert len(t.decode_step_s) == 4 and t.ttft_s > 0 and t.batch_size == 2 and t.prompt_tokens == 20
