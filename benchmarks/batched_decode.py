@@ -9,9 +9,11 @@ Records (benchmark format, ``benchmarks/results/batched_decode.json``, rewritten
   ``Engine.decode_benchmark`` with CUDA graphs: ``tpot_s`` (median step), ``tokens_per_s``, the step's bandwidth
   bound ``bound_tpot_s`` and ``fraction_of_bound`` (:mod:`hylo_bench.serving.bound`: weights once + each
   sequence's MLA latent rows and 2x its GDN state, over the copy bandwidth, 4.30e12 B/s on an H200), ``mode:
-  estimated`` with ``ttft_s`` the batch-1 prefill estimated from its first and last chunk (chunk cost grows
-  linearly with the offset: n_chunks * (first + last) / 2; with continuous batching each request's prefill runs
-  alone), ``setup_s`` (engine allocation, Triton compiles, CUDA-graph capture).
+  estimated``, ``setup_s`` (engine allocation, Triton compiles, CUDA-graph capture).
+- ``benchmark: batched_decode_prefill``: the batch-1 prefill estimated from its first and last chunk (chunk cost
+  grows linearly with the offset: n_chunks * (first + last) / 2), copied into the decode records' ``ttft_s``
+  (under continuous batching each request's prefill runs alone). Measured after the decode points, so a slow
+  first prefill (fla kernel compiles) cannot cost them.
 - ``benchmark: ruler_continuous_batching``, one per batch size (default 8, then 1): RULER-shaped requests (random
   token prompts of 90-100 % of the context, ``--ruler-new-tokens`` greedy tokens each; random weights never stop
   early) through :func:`hylo_bench.decode.batching.continuous_generate` (slots refilled as requests finish):
@@ -124,8 +126,30 @@ def prefill_estimate(engine, T: int, chunk: int) -> dict:
     return {"ttft_s": n * (first + last) / 2, "first_chunk_s": first, "last_chunk_s": last, "prefill_chunks": n}
 
 
+def prefill_point(run: Run, model, info: dict, T: int, *, chunk: int, device: str) -> dict:
+    """The batch-1 TTFT estimate at T tokens (its own record, ``benchmark: batched_decode_prefill``), copied into
+    the ``ttft_s`` of the decode records already written."""
+    from hylo_bench.decode.engine import Engine
+
+    rec = {"benchmark": "batched_decode_prefill", "layout": info["layout"], "seq_len": T, "batch_size": 1,
+           "prefill_chunk": chunk, "mode": "estimated"}
+    engine = None
+    try:
+        engine = Engine(model, 1, T, chunk)
+        rec.update(prefill_estimate(engine, T, chunk), status="ok")
+        for r in run.env["records"]:
+            if r.get("benchmark") == "batched_decode" and r.get("status") == "ok":
+                r.update(ttft_s=rec["ttft_s"], ttft_note="batch-1 prefill, chunk estimate (a request's own prefill "
+                                                         "under continuous batching)")
+    except Exception as exc:  # noqa: BLE001
+        rec = _error(rec, exc)
+    del engine
+    free()
+    return run.add(rec)
+
+
 def decode_point(run: Run, model, info: dict, T: int, B: int, *, steps: int, chunk: int, graphs: bool,
-                 compile_step: bool, device: str, ttft: dict) -> dict:
+                 compile_step: bool, device: str) -> dict:
     from hylo_bench.decode.engine import Engine
     from hylo_bench.serving.bound import bound_fields, copy_bandwidth
 
@@ -143,10 +167,7 @@ def decode_point(run: Run, model, info: dict, T: int, B: int, *, steps: int, chu
         t = engine.decode_benchmark(B, T, steps)
         rec.update({k: v for k, v in t.to_dict().items() if k not in ("ttft_s", "prefill_tokens_per_s")})
         rec["graph_error"] = getattr(engine, "graph_error", None)
-        if not ttft and B == 1:
-            ttft.update(prefill_estimate(engine, T, chunk))
-        rec["ttft_s"] = ttft.get("ttft_s")
-        rec["ttft_note"] = "batch-1 prefill, chunk estimate" if ttft else "not measured"
+        rec.update(ttft_s=None, ttft_note="not measured (yet): see the batched_decode_prefill record")
         rec.update(bound_fields(model, B, T, t.tpot_s, device, copy_bandwidth(device)))
         rec["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - recorded, the next point runs
@@ -241,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
                     "a quarter of them, at least 2).")
     ap.add_argument("--ruler-new-tokens", type=int, default=64)
     ap.add_argument("--decode-reserve-s", type=float, default=25.0, help="Seconds a decode point needs to start.")
+    ap.add_argument("--grace-s", type=float, default=15.0, help="The watchdog saves and exits this long after "
+                    "--max-seconds if a point is still running.")
     ap.add_argument("--tiny", action="store_true", help="Tiny model on CPU: checks the script's logic in seconds.")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "batched_decode.json")
     args = ap.parse_args(argv)
@@ -261,24 +284,29 @@ def main(argv: list[str] | None = None) -> None:
                ruler_batches=ruler_batches, decode_steps=steps, prefill_chunk=chunk, cuda_graphs=graphs,
                compile=args.compile, bound_formula="bytes = weights + B * (T * latent bytes/token + 2 * linear "
                                                    "state bytes); bound_tpot_s = bytes / copy bandwidth")
-    run = Run(args.out, args.max_seconds, env)
+    run = Run(args.out, args.max_seconds, env, grace_s=args.grace_s)
     bw, source = copy_bandwidth(device)
     env.update(copy_bandwidth_B_per_s=bw, bandwidth_source=source)
     t0 = time.monotonic()
     model, info = build(device, dtype, args.tiny)
     env.update(build_s=time.monotonic() - t0, params=sum(p.numel() for p in model.parameters()))
     run.save()
-    ttft: dict = {}
     for B in batches:
         if run.left() < (0 if args.tiny else args.decode_reserve_s):
             run.add({"benchmark": "batched_decode", "layout": info["layout"], "seq_len": T, "batch_size": B,
                      "status": "skipped", "error": f"{run.left():.0f} s left of --max-seconds"})
             continue
         decode_point(run, model, info, T, B, steps=steps, chunk=chunk, graphs=graphs, compile_step=args.compile,
-                     device=device, ttft=ttft)
+                     device=device)
+    ttft = None
+    if run.left() >= (0 if args.tiny else 30):  # first prefill: fla's chunk kernels compile
+        ttft = prefill_point(run, model, info, T, chunk=chunk, device=device).get("ttft_s")
+    else:
+        run.add({"benchmark": "batched_decode_prefill", "layout": info["layout"], "seq_len": T, "status": "skipped",
+                 "error": f"{run.left():.0f} s left of --max-seconds"})
     for B in ruler_batches:
         n = samples if B > 1 else max(2, samples // 4)
-        per_prefill = ttft.get("ttft_s") or 0.0
+        per_prefill = ttft or 0.0
         need = 0 if args.tiny else 20 + 1.3 * n * per_prefill
         if run.left() < need:
             run.add({"benchmark": "ruler_continuous_batching", "layout": info["layout"], "seq_len": T,

@@ -9,6 +9,8 @@ position's hidden state reaches the LM head, so [T, V] logits are never built. D
 sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.decode.mla_layer`),
 linear layers their recurrent step (:mod:`hylo_bench.decode.linear_layer`). With ``cuda_graphs=True`` (HyLo,
 CUDA only) the decode step is captured once per batch size and replayed. Timings synchronise the device.
+:meth:`Engine.prefill_row` and :meth:`_EngineBase.decode_step` (per-row positions) serve continuous batching
+(:mod:`hylo_bench.decode.batching`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from hylo_bench.kernels.gemv import GEMV_BACKENDS, triton_available
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
-from hylo_bench.decode.mla_layer import MLAServing, flash_gqa_supported
+from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing, flash_gqa_supported
 from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
@@ -472,8 +474,6 @@ class Engine(_EngineBase):
 
     def _row_slots(self, row: int) -> list:
         """Every layer's cache restricted to batch row ``row`` (views of size 1: writes reach the buffers)."""
-        from hylo_bench.decode.mla_layer import MLACacheSlot
-
         out = []
         for slot in self.slots:
             if isinstance(slot, MLACacheSlot):
@@ -505,7 +505,7 @@ class Engine(_EngineBase):
             raise ValueError(f"prefill_row takes one prompt ([1, T]); got batch {B}")
         slots = self._row_slots(row)
         for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before being read
-            if not hasattr(slot, "latent"):
+            if not isinstance(slot, MLACacheSlot):
                 map_state(slot, lambda t: t.zero_())
         ids = input_ids.to(self.device)
         hidden = None
