@@ -345,7 +345,8 @@ def ruler(
                                        "random_seed 0."),
     results_dir: Path = typer.Option(Path("hylo-results"), "--results-dir"),
     haystack: Optional[Path] = typer.Option(None, "--haystack", help="Text file for the essay haystack."),
-    batch_size: int = typer.Option(1, "--batch-size"),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts per generate() call (left-padded); with the native "
+                                   "engine and a HyLo model, continuous-batching slots (same predictions as 1)."),
     chat_template: bool = typer.Option(False, "--chat-template/--no-chat-template"),
     device: Optional[str] = typer.Option(None, "--device"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores."),
@@ -372,8 +373,8 @@ def ruler(
     beyond_context: bool = typer.Option(False, "--beyond-context", help="Allow lengths past the model's configured "
                                         "context (max_position_embeddings / rope scaling): length generalisation."),
     engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), native "
-                               "(greedy through the native serving engine, one prompt at a time) or auto (native "
-                               "for HyLo models on CUDA)."),
+                               "(greedy through the native serving engine, continuous batching over --batch-size "
+                               "slots) or auto (native for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.config.units import parse_length
@@ -503,8 +504,8 @@ def eval_(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
-                               "batched), native (serving engine, one prompt at a time) or auto (native for a HyLo "
-                               "model on CUDA)."),
+                               "batched), native (serving engine; a HyLo model's requests continuously batched "
+                               "over --batch-size slots) or auto (native for a HyLo model on CUDA)."),
     devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device cpu "
                                 "all on CPU): lm-eval shards the requests, rank 0 saves. torchrun works too."),
     as_json: bool = typer.Option(False, "--json", help='Print {"scores": {task: {metric: value}}} (0-100).'),
@@ -598,6 +599,10 @@ def sweep(
                                 "transformers loop)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also sweep this model: 'backbone' (the "
                                            "recipe's backbone, random weights) or a checkpoint / hub id."),
+    baseline_static: bool = typer.Option(True, "--baseline-static/--no-baseline-static", help="With --baseline, "
+                                         "also sweep it through transformers' static-cache generate (series "
+                                         "baseline-static; torch.compile + CUDA graphs with --compile or "
+                                         "--cuda-graphs on CUDA) besides the eager series."),
     decode_steps: int = typer.Option(128, "--decode-steps", help="Tokens generated per point."),
     prefill_chunk: str = typer.Option("8k", "--prefill-chunk", help="Native engine prefill chunk (tokens)."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Capture the decode step in a CUDA graph."),
@@ -615,7 +620,8 @@ def sweep(
     db: Optional[str] = typer.Option(None, "--db", help="Results store (path or URL); see `hylo-bench import`."),
     no_store: bool = typer.Option(False, "--no-store", help="Write only the JSON, not the results store."),
 ) -> None:
-    """Serving sweep: TTFT, decode tokens/s, TPOT and peak memory per context x batch, one process per point."""
+    """Serving sweep: TTFT, decode tokens/s, TPOT, the decode step's bandwidth bound and peak memory per context x
+    batch, one process per point."""
     from hylo_bench.config.units import parse_length
     from hylo_bench.serving.sweep import SweepConfig, run, run_with_progress
 
@@ -627,7 +633,8 @@ def sweep(
         cfg = SweepConfig(
             model=model, contexts_tokens=[parse_length(c) for c in contexts.split(",") if c.strip()],
             batch_sizes=[int(b) for b in batch.split(",") if b.strip()], backend=backend, baseline=baseline,
-            decode_steps=decode_steps, prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
+            baseline_static=baseline_static, decode_steps=decode_steps,
+            prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
             compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
             find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
             dtype=dtype, out=out)

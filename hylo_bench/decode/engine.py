@@ -9,6 +9,8 @@ position's hidden state reaches the LM head, so [T, V] logits are never built. D
 sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.decode.mla_layer`),
 linear layers their recurrent step (:mod:`hylo_bench.decode.linear_layer`). With ``cuda_graphs=True`` (HyLo,
 CUDA only) the decode step is captured once per batch size and replayed. Timings synchronise the device.
+:meth:`Engine.prefill_row` and :meth:`_EngineBase.decode_step` (per-row positions) serve continuous batching
+(:mod:`hylo_bench.decode.batching`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
-from hylo_bench.decode.mla_layer import MLAServing, flash_gqa_supported
+from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing, flash_gqa_supported
 from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
+from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
@@ -198,6 +201,15 @@ class _EngineBase:
                 return out
             tok = self._decode(tok, pos)
             pos = pos + 1
+
+    @torch.inference_mode()
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One greedy decode step: ``tok`` [B] int64 (each row's last token) at ``pos`` [B] int64 (its position,
+        per row) -> next tokens [B] int64 on the device; writes each row's cache entry at ``pos``. The first call
+        for a batch size captures the CUDA graph when the engine uses them."""
+        tok, pos = tok.to(self.device), pos.to(self.device)
+        self._prepare_decode(tok, pos)
+        return self._decode(tok, pos)
 
     def _prepare_decode(self, tok: torch.Tensor, pos: torch.Tensor) -> None:
         """Hook run after prefill, before the timed decode loop (CUDA-graph capture)."""
@@ -440,11 +452,13 @@ class Engine(_EngineBase):
         gate, up = gate_up.split(merged.splits, dim=-1)
         return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
-    def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None) -> torch.Tensor:
-        """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B]."""
+    def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None,
+               slots: list | None = None) -> torch.Tensor:
+        """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B].
+        ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`)."""
         if pos is not None and self.fused is not None:
             return self._fused_decode_layer(i, h, pos)
-        layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
+        layer, srv, slot = self.layers[i], self.mixers[i], (self.slots if slots is None else slots)[i]
         x = layer.input_layernorm(h)
         if isinstance(srv, MLAServing):
             mixed = srv.prefill(x, slot, prefill_start) if pos is None else srv.decode(x, slot, pos)
@@ -454,11 +468,52 @@ class Engine(_EngineBase):
         h = h + mixed
         return h + mlp_forward(layer.mlp, self.merged_mlps[i], layer.post_attention_layernorm(h))
 
-    def _prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+    def _prefill(self, ids: torch.Tensor, start: int, slots: list | None = None) -> torch.Tensor:
         h = self.model.model.embed_tokens(ids)
         for i in range(len(self.layers)):
-            h = self._layer(i, h, start, None)
+            h = self._layer(i, h, start, None, slots)
         return h[:, -1:]
+
+    def _row_slots(self, row: int) -> list:
+        """Every layer's cache restricted to batch row ``row`` (views of size 1: writes reach the buffers)."""
+        out = []
+        for slot in self.slots:
+            if isinstance(slot, MLACacheSlot):
+                out.append(MLACacheSlot(slot.latent[row:row + 1],
+                                        None if slot.key_scale is None else slot.key_scale[row:row + 1]))
+            else:
+                out.append(map_state(slot, lambda t: t[row:row + 1]))
+        return out
+
+    @torch.inference_mode()
+    def prefill_row(self, row: int, input_ids: torch.Tensor) -> torch.Tensor:
+        """Chunked prefill of one prompt into batch row ``row`` of the caches, from an empty state for that row;
+        the other rows keep their caches and states (continuous batching: a finished sequence's row takes the next
+        request while the others keep decoding, :mod:`hylo_bench.decode.batching`).
+
+        Args:
+            row: 0 <= row < max_batch. input_ids: [1, T] int64, T <= max_context.
+
+        Returns:
+            The last position's logits [1, V].
+
+        Raises:
+            ValueError: a row outside the batch, bad shapes or a prompt longer than ``max_context``.
+        """
+        if not 0 <= row < self.max_batch:
+            raise ValueError(f"row {row} outside the engine's batch of {self.max_batch}")
+        B, T = self._check(input_ids, 1)
+        if B != 1:
+            raise ValueError(f"prefill_row takes one prompt ([1, T]); got batch {B}")
+        slots = self._row_slots(row)
+        for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before being read
+            if not isinstance(slot, MLACacheSlot):
+                map_state(slot, lambda t: t.zero_())
+        ids = input_ids.to(self.device)
+        hidden = None
+        for start in range(0, T, self.prefill_chunk):
+            hidden = self._prefill(ids[:, start:start + self.prefill_chunk], start, slots)
+        return self._lm_logits(hidden)[:, -1]
 
     def _rows(self, state, B: int):
         """A view of the first B rows of a linear state (in-place updates reach the preallocated buffers)."""

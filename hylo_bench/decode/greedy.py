@@ -1,6 +1,6 @@
 """Greedy decoding of RULER prompts: transformers ``generate()`` (batched, left-padded) or the native serving
-engine (:mod:`hylo_bench.decode.engine`, one prompt at a time), both cut at the first EOS and decoded with
-``skip_special_tokens=True``, so they give the same text for the same greedy tokens.
+engine (:mod:`hylo_bench.decode.engine`, continuous batching for HyLo models), both cut at the first EOS and
+decoded with ``skip_special_tokens=True``, so they give the same text for the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -86,21 +86,34 @@ def resolve_engine(model: Any, engine: str) -> str:
 
 
 class NativeDecoder:
-    """Greedy decoding through :func:`hylo_bench.decode.engine.make_engine` (batch 1 per prompt, since prompts
-    differ in length): stops at the first EOS (:func:`eos_ids`) or after ``max_new_tokens``, as ``generate``
-    does. Decoding is pure greedy argmax: logits processors in the model's ``generation_config`` (e.g.
-    ``repetition_penalty``) are not applied (a warning says so). The engine is rebuilt when a prompt needs more
-    cache than it holds; CUDA graphs are used for HyLo models on CUDA.
+    """Greedy decoding through :func:`hylo_bench.decode.engine.make_engine`: stops at the first EOS
+    (:func:`eos_ids`) or after ``max_new_tokens``, as ``generate`` does. Decoding is pure greedy argmax: logits
+    processors in the model's ``generation_config`` (e.g. ``repetition_penalty``) are not applied (a warning says
+    so). The engine is rebuilt when a prompt needs more cache than it holds; CUDA graphs are used for HyLo models on
+    CUDA.
+
+    With ``batch_size`` > 1 a HyLo model's prompts go through continuous batching
+    (:func:`hylo_bench.decode.batching.continuous_generate`: ``batch_size`` cache slots, a finished prompt's slot
+    refilled by the next), with the same tokens per prompt as one at a time; other models decode one prompt at a
+    time (a warning says so).
 
     Raises:
-        ValueError: a model the engine cannot serve (not HyLo, not a Llama / Qwen3-style transformer).
+        ValueError: a model the engine cannot serve (not HyLo, not a Llama / Qwen3-style transformer), or
+            ``batch_size`` < 1.
     """
 
-    def __init__(self, model: Any, tokenizer: Any):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 1):
         if not (is_hylo(model) or hasattr(getattr(model, "model", None), "layers")):
             raise ValueError(f"engine='native' serves HyLoForCausalLM and Llama/Qwen3-style transformers; got "
                              f"{type(model).__name__}. Use engine='generate'")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size > 1 and not is_hylo(model):
+            logger.warning("batch_size=%d: the native engine batches HyLo models only; decoding %s one prompt at a "
+                           "time", batch_size, type(model).__name__)
+            batch_size = 1
         self.model, self.tokenizer = model, tokenizer
+        self.batch_size = batch_size
         self.eos = eos_ids(model, tokenizer)
         self.cuda_graphs = is_hylo(model) and _device_type(model) == "cuda"
         self.engine: Any = None
@@ -112,13 +125,19 @@ class NativeDecoder:
                            "greedy); use engine='generate' to apply it", penalty)
         self._ensure(1)  # fail now for a model the engine cannot serve
 
+    @property
+    def requests_per_call(self) -> int:
+        """Prompts worth passing per call: several per slot, so refilled slots keep the batch full."""
+        return 1 if self.batch_size == 1 else 4 * self.batch_size
+
     def _ensure(self, needed_tokens: int) -> Any:
         if needed_tokens > self.capacity:
             from hylo_bench.decode.engine import make_engine
 
             self.engine = None  # free the old caches before allocating larger ones
             capacity = -(-needed_tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
-            self.engine = make_engine(self.model, 1, capacity, PREFILL_CHUNK_TOKENS, cuda_graphs=self.cuda_graphs)
+            self.engine = make_engine(self.model, self.batch_size, capacity, PREFILL_CHUNK_TOKENS,
+                                      cuda_graphs=self.cuda_graphs)
             self.capacity = capacity
         return self.engine
 
@@ -132,24 +151,37 @@ class NativeDecoder:
             should_stop: optional predicate on the tokens so far (e.g. a stop string was decoded); True ends the
                 generation keeping the last token (see ``Engine.generate_until``).
         """
+        return self.tokens_many([ids], max_new_tokens, should_stop)[0]
+
+    def tokens_many(self, prompts: list[list[int]], max_new_tokens: int,
+                    should_stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+        """:meth:`tokens` of every prompt (in order); through continuous batching when ``batch_size`` > 1."""
         import torch
 
-        engine = self._ensure(len(ids) + max_new_tokens - 1)
-        return engine.generate_until(torch.tensor([ids], dtype=torch.long), max_new_tokens, self.eos, should_stop)
+        if not prompts:
+            return []
+        engine = self._ensure(max(len(ids) for ids in prompts) + max_new_tokens - 1)
+        if self.batch_size == 1:
+            return [engine.generate_until(torch.tensor([ids], dtype=torch.long), max_new_tokens, self.eos,
+                                          should_stop) for ids in prompts]
+        from hylo_bench.decode.batching import Request, continuous_generate
+
+        return continuous_generate(engine, [Request(ids=ids, max_new_tokens=max_new_tokens, should_stop=should_stop)
+                                            for ids in prompts], self.eos)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
-        return [self.tokenizer.decode(self.tokens(ids, max_new_tokens), skip_special_tokens=True)
-                for ids in prompt_ids]
+        return [self.tokenizer.decode(tokens, skip_special_tokens=True)
+                for tokens in self.tokens_many(prompt_ids, max_new_tokens)]
 
 
 def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -> Decoder:
-    """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``.
+    """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``: ``generate`` left-pads batches of
+    ``batch_size`` prompts, ``native`` serves a HyLo model's prompts with continuous batching over ``batch_size``
+    slots (:class:`NativeDecoder`).
 
     Raises:
         ValueError: unknown engine, or ``native`` for a model the engine cannot serve.
     """
     if resolve_engine(model, engine) == "generate":
         return functools.partial(generate_batch, model, tokenizer)
-    if batch_size > 1:
-        logger.warning("batch_size=%d ignored by the native engine: it decodes one prompt at a time", batch_size)
-    return NativeDecoder(model, tokenizer)
+    return NativeDecoder(model, tokenizer, batch_size)

@@ -132,7 +132,10 @@ COMMONSENSE_TASKS = dict(zip(COMMONSENSE_COLUMNS, (
 SERVING_PANELS = (
     ("kv_cache_gib", "KV cache (GiB)"), ("peak_memory_gib", "peak memory (GiB)"),
     ("ttft_s", "TTFT (s)"), ("tokens_per_s", "decode tokens/s"),
+    ("tpot_s", "TPOT (s); dashed: its bandwidth bound"), ("fraction_of_bound", "share of the bandwidth bound"),
 )  # fmt: skip
+SERVING_BOUNDS = {"tpot_s": "bound_tpot_s"}
+"""Panel field -> the record field drawn dashed next to it (:mod:`hylo_bench.serving.bound`)."""
 _PAPER_STYLE = {"hylo": ("#d62728", "diamond"), "baseline": ("#7f7f7f", "circle-open")}
 
 
@@ -259,13 +262,16 @@ def _mean_all(values: list[Any]) -> float:
 
 
 def serving_figure(points: pd.DataFrame) -> go.Figure:
-    """KV cache and peak memory (top), TTFT and decode tokens/s (bottom) vs context length, one colour per model;
-    out-of-memory lengths are drawn as red crosses on the top edge of each panel (no measured value).
+    """KV cache and peak memory (top), TTFT and decode tokens/s (middle), TPOT with its memory-bandwidth bound
+    dashed and the share of the bound reached (bottom) vs context length, one colour per model; out-of-memory
+    lengths are drawn as red crosses on the top edge of each panel (no measured value).
 
     Args:
-        points: Columns ``model, seq_len, status`` (``ok`` or ``oom``) and the fields of :data:`SERVING_PANELS`.
+        points: Columns ``model, seq_len, status`` (``ok`` or ``oom``), the fields of :data:`SERVING_PANELS` and
+            optionally those of :data:`SERVING_BOUNDS` (``bound_tpot_s``).
     """
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in SERVING_PANELS], horizontal_spacing=0.1)
+    fig = make_subplots(rows=3, cols=2, subplot_titles=[t for _, t in SERVING_PANELS], horizontal_spacing=0.1,
+                        vertical_spacing=0.09)
     models = sorted(points["model"].unique())
     ok, oom = points[points["status"] != "oom"], points[points["status"] == "oom"]
     for i, (field, title) in enumerate(SERVING_PANELS):
@@ -280,6 +286,14 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
                 name=label(model), legendgroup=model, showlegend=i == 0, line={"color": color},
                 meta={"model": model, "field": field, "status": "ok"}, hovertemplate="%{x} tokens: %{y:.4g}",
             ), **pos)  # fmt: skip
+            bound = SERVING_BOUNDS.get(field)
+            if bound is not None and bound in part and part[bound].notna().any():
+                fig.add_trace(go.Scatter(
+                    x=part["seq_len"].tolist(), y=part[bound].tolist(), mode="lines", name=label(f"{model} bound"),
+                    legendgroup=model, showlegend=False, line={"color": color, "dash": "dash"},
+                    meta={"model": model, "field": bound, "status": "bound"},
+                    hovertemplate="bound at %{x} tokens: %{y:.4g}",
+                ), **pos)  # fmt: skip
             failed = oom[oom["model"] == model].sort_values("seq_len")
             if not failed.empty:
                 n = len(failed)
@@ -296,8 +310,8 @@ def serving_figure(points: pd.DataFrame) -> go.Figure:
                                yref=f"y{i + 1 if i else ''} domain", x=0.5, y=0.5)  # fmt: skip
     lengths = sorted(int(n) for n in points["seq_len"].unique())
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[format_tokens(n) for n in lengths])
-    fig.update_xaxes(title_text="context length (tokens)", row=2)
-    fig.update_layout(template=TEMPLATE, height=720, title={"text": "Serving: memory and speed vs context length"},
+    fig.update_xaxes(title_text="context length (tokens)", row=3)
+    fig.update_layout(template=TEMPLATE, height=1040, title={"text": "Serving: memory and speed vs context length"},
                       legend={"orientation": "h", "y": -0.15})  # fmt: skip
     return fig
 

@@ -116,7 +116,8 @@ def _ruler_frame(engine, metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    cols = ["model", "seq_len", "status", *(f for f, _ in F.SERVING_PANELS), "benchmark", "run_id"]
+    cols = ["model", "seq_len", "status", *(f for f, _ in F.SERVING_PANELS), *F.SERVING_BOUNDS.values(), "benchmark",
+            "run_id"]
     if df.empty:
         return pd.DataFrame(columns=cols), []
     # A run whose records carry serving fields is a sweep; its OOM records (all fields null) are points too.
@@ -133,6 +134,9 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     if "variant" in df:  # e.g. the same model decoded without CUDA graphs: its own series, not a duplicate
         variant = df["variant"].fillna("").astype(str)
         df["model"] = df["model"].where(variant == "", df["model"] + " [" + variant + "]")
+    if "batch_size" in df:  # batch 8 of a model is its own series (one point per model and context below)
+        batch = pd.to_numeric(df["batch_size"], errors="coerce").fillna(1).astype(int)
+        df["model"] = df["model"].where(batch == 1, df["model"] + " B=" + batch.astype(str))
     df["status"] = df["status"].fillna("ok") if "status" in df else "ok"
     df = df.reindex(columns=cols)
     if "created_utc" in runs:  # the newest run's value of a (model, context) point wins, whatever the import order

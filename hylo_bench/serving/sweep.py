@@ -2,7 +2,9 @@
 
 Each point (model, backend, context, batch) runs in its own ``python -m hylo_bench.serving.sweep_worker`` process,
 so an out-of-memory point cannot poison the next. Records (TTFT s, decode tokens/s, TPOT s, peak memory GiB,
-memory-model prediction, ``status`` ok | oom | error | timeout | skipped) are appended to a benchmark-format JSON
+memory-model prediction, the decode step's bandwidth bound ``bound_tpot_s`` and ``fraction_of_bound``
+(:mod:`hylo_bench.serving.bound`), ``status`` ok | oom | error | timeout | skipped) are appended to a
+benchmark-format JSON
 (``{"benchmark", "kind": "sweep", "git_sha", "device", "versions", "records": [...]}``, atomic rewrite after every
 point) handed to ``on_result`` after every point (``hylo-bench sweep``: the results store, kind ``sweep``:
 re-imports extend, never duplicate). This process never touches the GPU itself.
@@ -42,6 +44,9 @@ class SweepConfig:
             its own benchmarks (``hylo-bench export-vllm``, docs/vllm.md), not through this sweep.
         baseline: a second model swept the same way: ``backbone`` (the recipe's backbone, random weights, when
             ``model`` is a recipe), a recipe-qualified ``backbone:<recipe>``, or a checkpoint / hub id.
+        baseline_static: also sweep the baseline through transformers' static-cache ``generate`` (series
+            ``baseline-static``; with ``compile`` or ``cuda_graphs`` on CUDA its ``torch.compile`` + CUDA graphs),
+            the way a performance-minded user runs a transformer, besides the ``baseline`` series (eager).
         decode_steps: tokens generated per point (TPOT over all but the first).
         prefill_chunk_tokens: native engine prefill chunk.
         cuda_graphs: capture the native decode step in a CUDA graph (HyLo models on CUDA).
@@ -59,6 +64,7 @@ class SweepConfig:
     out: Path
     backend: str = "native"
     baseline: str | None = None
+    baseline_static: bool = True
     decode_steps: int = 128
     prefill_chunk_tokens: int = 8192
     cuda_graphs: bool = False
@@ -162,14 +168,18 @@ class SweepRun:
         if self.on_result is not None:
             self.on_result(self.env, self.cfg.out)
 
-    def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid") -> dict[str, Any]:
+    def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid",
+              engine: str | None = None) -> dict[str, Any]:
         c = self.cfg
         spec = {"model": spec_model, "backend": c.backend, "seq_len": seq_len, "batch_size": batch,
                 "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": c.cuda_graphs,
-                "compile": c.compile, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0}
+                "compile": c.compile, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0,
+                "engine": engine}
         rec = run_worker(spec, c.point_timeout_s)
+        # the static-cache baseline is the same model: a variant, so reports draw it as its own series
         return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
-                         "point": kind, "seq_len": seq_len, "batch_size": batch, "decode_steps": c.decode_steps, **rec})
+                         "variant": engine or "", "point": kind, "seq_len": seq_len, "batch_size": batch,
+                         "decode_steps": c.decode_steps, **rec})
 
     def add(self, rec: dict[str, Any]) -> dict[str, Any]:
         rec = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
@@ -181,7 +191,8 @@ class SweepRun:
             self.on_record(rec)
         return rec
 
-    def find_max(self, series: str, spec_model: str, batch: int, ok: list[int], bad: list[int]) -> int | None:
+    def find_max(self, series: str, spec_model: str, batch: int, ok: list[int], bad: list[int],
+                 engine: str | None = None) -> int | None:
         """Largest context that fits (status ok), doubling then bisecting; records each probe and the result."""
         c = self.cfg
         lo = max(ok, default=0)
@@ -192,7 +203,7 @@ class SweepRun:
             t = lo * 2
             if t > c.find_max_limit_tokens:
                 break
-            if self.point(series, spec_model, t, batch, "probe")["status"] == "ok":
+            if self.point(series, spec_model, t, batch, "probe", engine)["status"] == "ok":
                 lo = t
             else:
                 hi = t
@@ -200,7 +211,7 @@ class SweepRun:
             mid = (lo + hi) // 2 // c.find_max_resolution_tokens * c.find_max_resolution_tokens
             if mid <= lo:
                 break
-            if self.point(series, spec_model, mid, batch, "probe")["status"] == "ok":
+            if self.point(series, spec_model, mid, batch, "probe", engine)["status"] == "ok":
                 lo = mid
             else:
                 hi = mid
@@ -223,8 +234,11 @@ def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = N
     baseline = resolve_baseline(cfg.model, cfg.baseline)
     sweep = SweepRun(cfg, on_record, on_result)
     sweep.save()
-    series = [("model", cfg.model)] + ([("baseline", baseline)] if baseline else [])
-    for name, spec_model in series:
+    series = [("model", cfg.model, None)]
+    if baseline:
+        series += [("baseline", baseline, None)] + ([("baseline-static", baseline, "static")]
+                                                   if cfg.baseline_static else [])
+    for name, spec_model, engine in series:
         for batch in cfg.batch_sizes:
             ok, bad, errors = [], [], []
             for seq_len in sorted(cfg.contexts_tokens):
@@ -233,18 +247,19 @@ def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = N
                                "point": "grid", "seq_len": seq_len, "batch_size": batch, "status": "skipped",
                                "error": f"{min(bad)} tokens already did not fit"})
                     continue
-                rec = sweep.point(name, spec_model, seq_len, batch)
+                rec = sweep.point(name, spec_model, seq_len, batch, engine=engine)
                 {"ok": ok, "oom": bad, "timeout": bad}.get(rec["status"], errors).append(seq_len)
             if cfg.find_max and errors:
                 logger.warning("%s B=%d: no --find-max search, points failed with errors at %s", name, batch, errors)
             elif cfg.find_max:
-                sweep.find_max(name, spec_model, batch, ok, bad)
+                sweep.find_max(name, spec_model, batch, ok, bad, engine)
     return sweep.env
 
 
 def points_total(cfg: SweepConfig) -> int:
     """Grid points of the sweep (probes of ``find_max`` not included)."""
-    return len(cfg.contexts_tokens) * len(cfg.batch_sizes) * (2 if cfg.baseline else 1)
+    baseline_series = (2 if cfg.baseline_static else 1) if cfg.baseline else 0
+    return len(cfg.contexts_tokens) * len(cfg.batch_sizes) * (1 + baseline_series)
 
 
 def format_record(rec: dict[str, Any]) -> str:
@@ -258,8 +273,11 @@ def format_record(rec: dict[str, Any]) -> str:
         return f"{head}: {rec.get('status')} {rec.get('error') or ''}".rstrip()
     if rec.get("point") == "max":
         return f"{head}: largest context that fits {rec.get('max_context_tokens')} tokens"
-    return (f"{head}: ttft {f('ttft_s', '.3f')} s, tpot {f('tpot_s', '.4f')} s, {f('tokens_per_s', '.1f')} tok/s, "
-            f"peak {f('peak_memory_gib', '.2f')} GiB (model {f('kv_model_gib', '.2f')} GiB)")
+    share = rec.get("fraction_of_bound")
+    bound = f" ({100 * share:.0f} % of its {1e3 * rec['bound_tpot_s']:.3g} ms bound)" if share else ""
+    return (f"{head}: ttft {f('ttft_s', '.3f')} s, tpot {f('tpot_s', '.4f')} s{bound}, "
+            f"{f('tokens_per_s', '.1f')} tok/s, peak {f('peak_memory_gib', '.2f')} GiB (model "
+            f"{f('kv_model_gib', '.2f')} GiB)")
 
 
 def run_with_progress(cfg: SweepConfig, console, runner=run, on_result: OnResult | None = None) -> dict[str, Any]:

@@ -79,13 +79,94 @@ def _hf_generate_timed(model, ids, steps: int):
                                                decode_peak_gib=peak_gib(dev))
 
 
+class _StepClock:
+    """A logits processor that timestamps every generated token of ``generate`` (called once per token, right
+    after its forward): CUDA events on GPU (no host synchronisation inside the loop), wall clock on CPU."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list = []
+
+    def mark(self):
+        import torch
+
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def __call__(self, input_ids, scores):
+        self.marks.append(self.mark())
+        return scores
+
+    def seconds(self, start) -> list[float]:
+        """Seconds from ``start`` to the first token, then between consecutive tokens (device synchronised)."""
+        import itertools
+
+        import torch
+
+        pairs = itertools.pairwise([start, *self.marks])
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in pairs]
+        return [b - a for a, b in pairs]
+
+
+def _hf_static_generate_timed(model, ids, steps: int, compile: bool, warmup: bool):
+    """transformers' own fast path (the ``static`` baseline engines): ``generate`` with a ``StaticCache`` of
+    T + steps tokens, greedy, exactly ``steps`` tokens; with ``compile`` its automatic ``torch.compile`` of the decode
+    forward (``CompileConfig(mode="reduce-overhead")``: Inductor plus CUDA graphs), else ``disable_compile``.
+    Per-token times come from a logits processor (:class:`_StepClock`). The warm-up runs a 3-token generation over
+    the first 64 prompt tokens with the same cache (same shapes: the compiled step is reused).
+    Returns (tokens [B, steps], Timings).
+
+    Public APIs only: ``StaticCache``, ``CompileConfig``, ``LogitsProcessorList`` (transformers >= 4.48).
+    """
+    import torch
+    from transformers import CompileConfig, LogitsProcessorList, StaticCache
+
+    from hylo_bench.decode.engine import Timings, peak_gib, sync_device
+
+    dev = ids.device
+    B, T = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=T + steps)
+    kw = {"do_sample": False, "eos_token_id": None, "pad_token_id": 0, "past_key_values": cache,
+          "compile_config": CompileConfig(fullgraph=False, mode="reduce-overhead") if compile else None,
+          "disable_compile": not compile}
+
+    def gen(x, n, clock=None):
+        cache.reset()
+        return model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                              logits_processor=LogitsProcessorList([clock] if clock else []), **kw)
+
+    with torch.inference_mode():
+        if warmup:
+            gen(ids[:, : min(T, 64)], 3)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        clock = _StepClock(dev)
+        sync_device(dev)
+        start = clock.mark()
+        out = gen(ids, steps, clock)
+        secs = clock.seconds(start)
+    return out[:, T:].cpu(), Timings(batch_size=B, prompt_tokens=T, new_tokens=steps, ttft_s=secs[0],
+                                     decode_step_s=secs[1:], decode_peak_gib=peak_gib(dev), cuda_graphs=compile)
+
+
 def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
 
     Spec keys: ``model`` (see :func:`hylo_bench.serving.build.build_model`), ``backend`` ("native" | "hf"),
     ``seq_len``, ``batch_size``, ``decode_steps``, ``prefill_chunk``, ``cuda_graphs``, ``compile`` (optional),
-    ``device``, ``dtype``,
-    ``warmup`` (bool), ``seed``.
+    ``device``, ``dtype``, ``warmup`` (bool), ``seed``, ``engine`` (optional: ``"static"`` runs a transformer through
+    transformers' static-cache ``generate``, :func:`_hf_static_generate_timed`, compiled with CUDA graphs when
+    ``compile`` or ``cuda_graphs`` is set on CUDA).
+
+    Every record carries its decode bound (:func:`hylo_bench.serving.bound.bound_fields`: ``bound_tpot_s``,
+    ``fraction_of_bound``, the byte counts) and ``mode: "full"`` (a full prefill was timed).
     """
     import torch
 
@@ -108,7 +189,14 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         raise torch.cuda.OutOfMemoryError(f"simulated by {OOM_HOOK_ENV}={hook}")
     gen = torch.Generator().manual_seed(spec.get("seed", 0))
     ids = torch.randint(0, model.config.vocab_size, (B, T), generator=gen).to(device)
-    if spec["backend"] == "hf":
+    if spec.get("engine") == "static":
+        if info["kind"] == "hybrid":
+            raise ValueError("engine 'static' (transformers' static-cache generate) serves transformer baselines; "
+                             "HyLo models use the native engine")
+        fast = bool(spec.get("compile") or spec.get("cuda_graphs")) and device.startswith("cuda")
+        _, timings = _hf_static_generate_timed(model, ids, steps, fast, spec.get("warmup", True))
+        rec["engine"] = "transformers-static" + ("-compiled" if fast else "")
+    elif spec["backend"] == "hf":
         if spec.get("warmup", True):
             _hf_generate_timed(model, ids[:, : min(T, 64)], 2)
         _, timings = _hf_generate_timed(model, ids, steps)
@@ -126,6 +214,10 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         rec["engine"] = type(engine).__name__
         rec["graph_error"] = getattr(engine, "graph_error", None)
     rec.update(timings.to_dict())
+    from hylo_bench.serving.bound import bound_fields
+
+    rec["mode"] = "full"
+    rec.update(bound_fields(model, B, T, timings.tpot_s, device))
     peaks = [p for p in (timings.prefill_peak_gib, timings.decode_peak_gib) if p is not None]
     rec["peak_memory_gib"] = max(peaks) if peaks else None
     if timings.decode_peak_gib is not None and dtype == torch.bfloat16:

@@ -79,7 +79,8 @@ class HyLoLM(HFLM):
         max_gen_toks: generation budget in tokens when a task does not set one (HFLM default 256).
         add_bos_token: prepend BOS (None = the tokenizer's default: Llama-3 adds it, Qwen3 has none).
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
-            (the serving engine, one prompt at a time: prefill in chunks, CUDA-graph decode; much faster per token
+            (the serving engine: prefill in chunks, CUDA-graph decode, a HyLo model's requests continuously batched
+            over ``batch_size`` slots, same tokens as one at a time; much faster per token
             than ``generate`` for a HyLo model on CUDA) or ``auto`` (native for a HyLo model on CUDA,
             generate otherwise; :func:`hylo_bench.decode.greedy.resolve_engine`). Sampling requests always
             use ``generate``.
@@ -223,14 +224,17 @@ class HyLoLM(HFLM):
 
     def _detect_batch_size(self, requests: Any = None, pos: int = 0) -> int:
         """HFLM's OOM-halving probe, except for generation with the native engine (``requests`` None: HFLM would
-        run 5 forwards of ``max_batch_size`` x ``max_length`` tokens), which decodes one prompt at a time: 1."""
+        run 5 forwards of ``max_batch_size`` x ``max_length`` tokens): 1 (give an int ``batch_size`` for continuous
+        batching)."""
         if requests is None and self.engine == "native":
             return 1
         return super()._detect_batch_size(requests, pos)
 
     def _native_generate(self, context: torch.Tensor, attention_mask: torch.Tensor | None, max_length: int,
                          stop: list[str]) -> torch.Tensor:
-        """Greedy continuations of the left-padded ``context`` [B, T_ctx] through the native engine, row by row.
+        """Greedy continuations of the left-padded ``context`` [B, T_ctx] through the native engine: a HyLo
+        model's rows continuously batched over ``batch_size`` slots (an int ``batch_size``; else B), with the same
+        tokens as row by row (:func:`hylo_bench.decode.batching.continuous_generate`).
 
         Each row's prompt is its unpadded tokens (``attention_mask`` [B, T_ctx], 1 = real token; all real when
         absent). A row stops at EOS, after ``max_length`` - T_ctx tokens, or once its decoded text holds a stop
@@ -243,7 +247,8 @@ class HyLoLM(HFLM):
         from hylo_bench.decode.greedy import NativeDecoder
 
         if self._native is None:
-            self._native = NativeDecoder(self.model, self.tokenizer)
+            slots = self.batch_size_per_gpu if isinstance(self.batch_size_per_gpu, int) else context.shape[0]
+            self._native = NativeDecoder(self.model, self.tokenizer, batch_size=max(1, slots))
         budget = max(1, max_length - context.shape[1])
         mask = attention_mask if attention_mask is not None else torch.ones_like(context)
         stops = [s for s in stop if s]
@@ -252,9 +257,9 @@ class HyLoLM(HFLM):
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             return any(s in text for s in stops)
 
-        conts = [self._native.tokens([t for t, keep in zip(row, keep_row) if keep], budget,
-                                     should_stop if stops else None)
-                 for row, keep_row in zip(context.tolist(), mask.tolist())]
+        prompts = [[t for t, keep in zip(row, keep_row) if keep] for row, keep_row in zip(context.tolist(),
+                                                                                          mask.tolist())]
+        conts = self._native.tokens_many(prompts, budget, should_stop if stops else None)
         width = max(1, max(len(c) for c in conts))
         pad = self.tokenizer.pad_token_id
         out = torch.full((context.shape[0], width), pad, dtype=context.dtype)

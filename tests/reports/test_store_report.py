@@ -321,3 +321,30 @@ def test_every_committed_benchmark_result_imports_and_is_shown(tmp_path: Path):
             keys = {(r.get("model"), r.get("variant") or "", r["seq_len"]) for r in points}  # newest run per key
             assert len(drawn) == len(keys) and set(drawn["seq_len"]) == {r["seq_len"] for r in points}, name
             assert set(drawn["status"]) <= {"ok", "oom"}
+
+
+def test_serving_figure_draws_each_bound_next_to_its_tpot_and_splits_batches_and_variants(tmp_path):
+    recs = [
+        {"model": "hylo", "seq_len": 65536, "batch_size": 1, "status": "ok", "ttft_s": 1.5, "tpot_s": 0.002,
+         "bound_tpot_s": 0.00125, "fraction_of_bound": 0.625},
+        {"model": "hylo", "seq_len": 65536, "batch_size": 8, "status": "ok", "ttft_s": 2.5, "tpot_s": 0.004,
+         "bound_tpot_s": 0.0015, "fraction_of_bound": 0.375},
+        {"model": "qwen", "seq_len": 65536, "batch_size": 1, "status": "ok", "ttft_s": 3.0, "tpot_s": 0.0625,
+         "bound_tpot_s": 0.0025, "fraction_of_bound": 0.04, "variant": ""},
+        {"model": "qwen", "seq_len": 65536, "batch_size": 1, "status": "ok", "ttft_s": 3.0, "tpot_s": 0.005,
+         "bound_tpot_s": 0.0025, "fraction_of_bound": 0.5, "variant": "static"},
+    ]
+    db = tmp_path / "s.sqlite"
+    engine = store.open_store(db)
+    store.import_files(engine, [write_json(tmp_path / "sweep.json", {"benchmark": "sweep", "records": recs})])
+    page = build_report(tmp_path, tmp_path / "r.html", db=db).read_text(encoding="utf-8")
+    traces = figure_data(page)["serving"]["data"]
+
+    def ys(model, field, status):
+        (t,) = [t for t in traces if t["meta"] == {"model": model, "field": field, "status": status}]
+        return t["y"]
+
+    for rec, label in zip(recs, ("hylo", "hylo B=8", "qwen", "qwen [static]")):
+        assert ys(label, "tpot_s", "ok") == [rec["tpot_s"]]
+        assert ys(label, "bound_tpot_s", "bound") == [rec["bound_tpot_s"]]
+        assert ys(label, "fraction_of_bound", "ok") == [rec["fraction_of_bound"]]

@@ -14,7 +14,8 @@ from hylo_bench.serving import sweep as S
 from hylo_bench.serving import sweep_worker
 from tests.conftest import make_base, tiny_hybrid_config
 
-REQUIRED = ("seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "peak_memory_gib", "status")
+REQUIRED = ("layout", "seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "bound_tpot_s", "fraction_of_bound",
+            "mode", "peak_memory_gib", "status")
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,20 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
     assert {"git_sha", "device", "versions", "records"} <= saved.keys() and saved["device"] == "cpu"
     recs = saved["records"]
     assert [(r["series"], r["seq_len"], r["status"]) for r in recs] == [
-        ("model", 16, "ok"), ("model", 24, "oom"), ("baseline", 16, "ok"), ("baseline", 24, "oom")]
-    assert len(seen) == 4
-    for r in (recs[0], recs[2]):
+        ("model", 16, "ok"), ("model", 24, "oom"), ("baseline", 16, "ok"), ("baseline", 24, "oom"),
+        ("baseline-static", 16, "ok"), ("baseline-static", 24, "oom")]
+    assert len(seen) == 6 and S.points_total(cfg) == 6
+    for r in (recs[0], recs[2], recs[4]):
         assert all(r[k] is not None for k in REQUIRED)
         assert r["tokens_per_s"] == pytest.approx(r["batch_size"] / r["tpot_s"], rel=0.5)
         assert r["prompt_tokens"] == 16 and r["new_tokens"] == 3 and r["peak_memory_source"] == "rss"
-    assert recs[0]["engine"] == "Engine" and recs[2]["engine"] == "TransformerEngine"
-    assert recs[0]["layout"] == "2MLA2GDN" and recs[2]["layout"] == "transformer"
+        assert r["mode"] == "full" and r["bandwidth_source"] == "measured"
+        assert r["fraction_of_bound"] == pytest.approx(r["bound_tpot_s"] / r["tpot_s"])
+        assert r["bound_tpot_s"] == pytest.approx(r["bound_bytes_per_step"] / r["copy_bandwidth_B_per_s"])
+    assert [recs[k]["engine"] for k in (0, 2, 4)] == ["Engine", "TransformerEngine", "transformers-static"]
+    assert recs[0]["layout"] == "2MLA2GDN" and recs[2]["layout"] == recs[4]["layout"] == "transformer"
+    # the baseline's KV cache read per step: 4 layers x 2 (K, V) x 2 KV heads x 16 dims x 4 bytes x 16 tokens
+    assert recs[2]["bound_cache_bytes"] == recs[4]["bound_cache_bytes"] == 4 * 2 * 2 * 16 * 4 * 16
     assert "simulated" in recs[1]["error"]
     # KV cache of the hybrid: 2 MLA layers x (32 + 8) fp32 per token x (16 + 3) slots, plus 2 GDN states
     gdn = HyLoForCausalLM(tiny_hybrid_config(vocab_size=120)).model.layers[0].gdn
@@ -74,7 +81,7 @@ def test_cpu_sweep_in_worker_processes_writes_valid_records_and_store(ckpts, tmp
 
     engine = store.open_store(db, create=False)
     pts = store.points_frame(engine)
-    assert len(pts) == 4 and list(pts["status"]) == ["ok", "oom", "ok", "oom"]
+    assert len(pts) == 6 and list(pts["status"]) == ["ok", "oom"] * 3
     before = store.table_counts(engine)
     out = store.import_files(engine, [cfg.out])
     assert out[0].status == "unchanged" and store.table_counts(engine) == before
@@ -170,3 +177,12 @@ def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
     res = runner.invoke(app, [*base, "--contexts", "8q"])
     assert res.exit_code == 2 and "8q" in res.output
     assert not (tmp_path / "s.json").exists()
+
+
+def test_static_cache_baseline_gives_the_eager_loops_tokens_and_one_time_per_token():
+    model = make_base("qwen3")
+    ids = torch.randint(3, 400, (2, 20), generator=torch.Generator().manual_seed(0))
+    eager, _ = sweep_worker._hf_generate_timed(model, ids, 5)
+    static, t = sweep_worker._hf_static_generate_timed(model, ids, 5, compile=False, warmup=True)
+    assert torch.equal(static, eager) and static.shape == (2, 5)
+    assert len(t.decode_step_s) == 4 and t.ttft_s > 0 and t.batch_size == 2 and t.prompt_tokens == 20

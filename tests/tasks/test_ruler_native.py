@@ -62,6 +62,26 @@ def test_native_engine_predictions_equal_generate(tok, tmp_path, monkeypatch, ki
     assert doc["provenance"]["engine"] == "native"
 
 
+@pytest.mark.parametrize("kind", [{}, {"linear_type": "mamba"}], ids=["mla-gdn", "mla-mamba2"])
+def test_native_continuous_batching_predictions_equal_batch_one(tok, tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(decoding, "PREFILL_CHUNK_TOKENS", 300)
+    model = _hylo(tok, **kind)
+    tasks = ["niah_single_1", "ruler_vt"]
+    one = evaluate_model(model, tok, INFO, _cfg(tmp_path / "1", tasks=tasks, engine="native", samples=5),
+                         console=_quiet())
+    calls = []
+    real = decoding.NativeDecoder.tokens_many
+    monkeypatch.setattr(decoding.NativeDecoder, "tokens_many",
+                        lambda self, prompts, *a, **k: calls.append((self.batch_size, len(prompts)))
+                        or real(self, prompts, *a, **k))
+    two = evaluate_model(model, tok, INFO, _cfg(tmp_path / "2", tasks=tasks, engine="native", samples=5,
+                                                batch_size=2), console=_quiet())
+    assert calls == [(2, 5), (2, 5)]  # each task's 5 prompts in one call over 2 slots: three refills
+    want, got = _predictions(tmp_path / "1"), _predictions(tmp_path / "2")
+    assert got == want and [len(p) for p in got] == [5] * len(tasks) and all(t for p in got for t in p)
+    assert two["scores"] == one["scores"]
+
+
 def test_generate_until_stops_like_generate(tok):
     model = _hylo(tok)
     torch.manual_seed(1)

@@ -67,7 +67,8 @@ class RulerConfig:
         seed: run seed; each sample's rng derives from (seed, task, length, index). Default (None): 42, or 0 (lm-eval's
             own) with ``backend="lm-eval"``.
         haystack_path: essay haystack text file; ``None`` = the shipped ``devils-dictionary.txt``.
-        batch_size: prompts per ``generate`` call (left-padded when > 1).
+        batch_size: prompts per ``generate`` call (left-padded when > 1); with ``engine="native"`` and a HyLo
+            model, the continuous-batching slots (same predictions as 1).
         chat_template: wrap ``input`` as a user turn and prefill ``gen_prefix`` as the assistant turn.
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         strip_think: remove ``<think>...</think>`` spans from predictions before scoring
@@ -88,8 +89,8 @@ class RulerConfig:
             (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
             processes are the workers and this must be 1 or ``WORLD_SIZE``.
         engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
-            :mod:`hylo_bench.decode.engine`, one prompt at a time) or ``auto`` (native for HyLo models on CUDA,
-            generate otherwise); :mod:`hylo_bench.decode.greedy`.
+            :mod:`hylo_bench.decode.engine`; continuous batching over ``batch_size`` slots for HyLo models) or
+            ``auto`` (native for HyLo models on CUDA, generate otherwise); :mod:`hylo_bench.decode.greedy`.
         backend: ``native`` (hylo-bench's generators, scorer and decoding: everything above) or ``lm-eval``
             (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
             :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports
@@ -220,12 +221,14 @@ def _predict(
     decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
     on_batch: Callable[[list[dict], list[str]], None],
 ) -> None:
-    """Decode ``samples`` in batches of ``cfg.batch_size``; ``on_batch(batch, predictions)`` after each batch.
+    """Decode ``samples`` in batches of ``cfg.batch_size`` (times the decoder's ``requests_per_call``, when it has
+    one: a continuous-batching decoder keeps its slots full over several prompts per slot); ``on_batch(batch,
+    predictions)`` after each batch.
 
     A batch that runs out of GPU memory is retried at half the batch size (and the rest of the samples keep the
     smaller size), down to one sample; the out-of-memory error of a single sample is raised.
     """
-    size, start = cfg.batch_size, 0
+    size, start = cfg.batch_size * getattr(decode, "requests_per_call", 1), 0
     while start < len(samples):
         batch = samples[start : start + size]
         ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]

@@ -1,0 +1,159 @@
+"""Continuous batching over the native engine (greedy): a fixed batch of B slots, each holding one request's MLA
+latent rows and GDN / Mamba-2 state at its own position; when a request ends (EOS, stop predicate, budget) its
+slot is refilled with the next request's prefill while the other slots keep their caches, then all B slots take
+the next decode step together.
+
+The decode step always runs the engine's full batch (``Engine.max_batch`` rows, per-row positions as a tensor), so
+its shapes never change and one CUDA graph serves the whole run; an idle slot decodes a dummy token at position 0,
+which touches only its own row (rewritten by the next prefill into it). Prefill of a new request runs alone
+(``Engine.prefill_row``, chunked), as vLLM schedules prefills before decodes without chunked-prefill mixing.
+
+Each request's tokens equal those of ``Engine.generate_until`` on that prompt alone: rows never interact (MLA
+attends over its own row's ``positions[b] + 1`` cache rows, linear states are per row).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Request:
+    """One greedy generation request.
+
+    Attributes:
+        ids: the prompt's token ids (no padding, at least one).
+        max_new_tokens: most tokens to generate (>= 1).
+        should_stop: called with the tokens so far after each appended token; True ends the request with that token
+            kept (stop strings, as transformers' ``StoppingCriteria``).
+    """
+
+    ids: Sequence[int]
+    max_new_tokens: int
+    should_stop: Callable[[list[int]], bool] | None = None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class BatchStats:
+    """What one :func:`continuous_generate` call did. Times in seconds (wall clock; every step ends with the
+    tokens read back to the host, which synchronises the device)."""
+
+    batch_size: int
+    requests: int = 0
+    prefills: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Generated tokens per second of prefill plus decode time."""
+        total = self.prefill_s + self.decode_s
+        return self.generated_tokens / total if total > 0 else None
+
+    @property
+    def requests_per_s(self) -> float | None:
+        total = self.prefill_s + self.decode_s
+        return self.requests / total if total > 0 else None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out.update(tokens_per_s=self.tokens_per_s, requests_per_s=self.requests_per_s)
+        return out
+
+
+def _accept(req: Request, out: list[int], token: int, stop_ids: frozenset[int]) -> bool:
+    """Append ``token`` to ``out`` unless it stops the request; True when the request is finished."""
+    if token in stop_ids:
+        return True
+    out.append(token)
+    return len(out) >= req.max_new_tokens or (req.should_stop is not None and req.should_stop(out))
+
+
+def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] | frozenset[int] = frozenset(),
+                        stats: BatchStats | None = None) -> list[list[int]]:
+    """Greedy generation of every request through ``engine``'s ``max_batch`` slots with continuous batching.
+
+    Args:
+        engine: a :class:`hylo_bench.decode.engine.Engine` (HyLo; its ``max_batch`` is the number of slots, its
+            ``max_context`` must hold every prompt plus its ``max_new_tokens - 1``).
+        requests: served in order (the first B fill the slots, each next one takes the first slot that frees).
+        stop_ids: token ids that end a request (not returned), e.g. the EOS ids.
+        stats: filled in place when given.
+
+    Returns:
+        Per request (in input order) its generated token ids before the first stop token, as
+        ``Engine.generate_until`` returns them.
+
+    Raises:
+        ValueError: an engine without per-row prefill (``TransformerEngine``), an empty prompt, ``max_new_tokens`` < 1,
+            or a request beyond the engine's ``max_context`` (checked for all requests before any work).
+    """
+    if not hasattr(engine, "prefill_row"):
+        raise ValueError(f"continuous batching needs the HyLo Engine (per-row prefill); got {type(engine).__name__}")
+    for k, req in enumerate(requests):
+        if len(req.ids) < 1 or req.max_new_tokens < 1:
+            raise ValueError(f"request {k}: needs >= 1 prompt token and max_new_tokens >= 1; got {len(req.ids)} "
+                             f"tokens, max_new_tokens={req.max_new_tokens}")
+        if len(req.ids) + req.max_new_tokens - 1 > engine.max_context:
+            raise ValueError(f"request {k}: prompt {len(req.ids)} + {req.max_new_tokens} new tokens needs "
+                             f"{len(req.ids) + req.max_new_tokens - 1} cache slots > max_context {engine.max_context}; "
+                             f"build the Engine with a larger max_context")
+    stop_ids = frozenset(stop_ids)
+    B = engine.max_batch
+    stats = stats if stats is not None else BatchStats(batch_size=B)
+    stats.batch_size, stats.requests = B, stats.requests + len(requests)
+    results: list[list[int] | None] = [None] * len(requests)
+    queue = collections.deque(range(len(requests)))
+    slot_req: list[int | None] = [None] * B
+    slot_out: list[list[int]] = [[] for _ in range(B)]
+    tok_host, pos_host = [0] * B, [0] * B
+
+    def admit(b: int) -> None:
+        """Fill slot b with the next request that does not finish at its first token; else leave it idle."""
+        while queue:
+            r = queue.popleft()
+            req = requests[r]
+            t0 = time.perf_counter()
+            logits = engine.prefill_row(b, torch.tensor([list(req.ids)], dtype=torch.long))
+            token = int(logits.argmax(-1)[0].item())
+            stats.prefill_s += time.perf_counter() - t0
+            stats.prefills += 1
+            stats.prefill_tokens += len(req.ids)
+            out: list[int] = []
+            if _accept(req, out, token, stop_ids):
+                results[r] = out
+                stats.generated_tokens += len(out)
+                continue
+            slot_req[b], slot_out[b], tok_host[b], pos_host[b] = r, out, token, len(req.ids)
+            return
+        slot_req[b], tok_host[b], pos_host[b] = None, 0, 0
+
+    for b in range(B):
+        admit(b)
+    device = engine.device
+    while any(r is not None for r in slot_req):
+        t0 = time.perf_counter()
+        tok = torch.tensor(tok_host, dtype=torch.long).to(device, non_blocking=True)
+        pos = torch.tensor(pos_host, dtype=torch.long).to(device, non_blocking=True)
+        nxt = engine.decode_step(tok, pos).tolist()
+        stats.decode_s += time.perf_counter() - t0
+        stats.decode_steps += 1
+        for b in range(B):
+            r = slot_req[b]
+            if r is None:
+                continue
+            if _accept(requests[r], slot_out[b], nxt[b], stop_ids):
+                results[r] = slot_out[b]
+                stats.generated_tokens += len(slot_out[b])
+                admit(b)
+            else:
+                tok_host[b], pos_host[b] = nxt[b], pos_host[b] + 1
+    return [r if r is not None else [] for r in results]
