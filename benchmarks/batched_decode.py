@@ -97,7 +97,7 @@ def build(device: str, dtype: torch.dtype, tiny: bool):
 
     if not tiny:
         return build_model(RECIPE, device, dtype)
-    from hylo_bench.models.config import HyLoConfig
+    from hylo_bench.config.hylo_config import HyLoConfig
     from hylo_bench.models.hybrid import HyLoForCausalLM
 
     cfg = HyLoConfig(vocab_size=256, hidden_size=64, intermediate_size=128, n_layer=4, mla_layers=[1, 3],
