@@ -223,7 +223,8 @@ def parity_point(run: Run, model, info: dict, *, B: int, T: int, new_tokens: int
     from hylo_bench.decode.batching import Request, continuous_generate
     from hylo_bench.decode.engine import Engine
 
-    rec = {"benchmark": "batched_decode_parity", "layout": info["layout"], "seq_len": T, "batch_size": B,
+    rec = {"benchmark": "batched_decode_parity", "check": "parity", "layout": info["layout"], "seq_len": T,
+           "batch_size": B,
            "new_tokens": new_tokens, "cuda_graphs": graphs}
     try:
         g = torch.Generator().manual_seed(seed)
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         parity_point(run, model, info, B=2 if args.tiny else 4, T=48 if args.tiny else 2048,
                      new_tokens=4 if args.tiny else 16, chunk=chunk, graphs=graphs)
     else:
-        run.add({"benchmark": "batched_decode_parity", "layout": info["layout"], "status": "skipped",
+        run.add({"benchmark": "batched_decode_parity", "check": "parity", "layout": info["layout"], "status": "skipped",
                  "error": f"{run.left():.0f} s left of --max-seconds"})
     env["finished"] = True
     run.save()

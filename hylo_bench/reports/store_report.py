@@ -124,6 +124,9 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
     # Records tagged "check" (parity checks, bandwidth-bound fractions) are not context-length points.
     if "check" in df:
         df = df[df["check"].isna()]
+    # A point a run skipped (its budget ran out, an earlier context failed) holds no measurement: not drawn.
+    if "status" in df:
+        df = df[df["status"] != "skipped"]
     measured = df.reindex(columns=list(SERVING_FIELDS)).notna().any(axis=1)
     serving = df["run_id"].isin(df.loc[measured, "run_id"])
     other = sorted(df.loc[~serving, "benchmark"].unique())
@@ -139,12 +142,14 @@ def _points(df: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[st
         df["model"] = df["model"].where(batch == 1, df["model"] + " B=" + batch.astype(str))
     df["status"] = df["status"].fillna("ok") if "status" in df else "ok"
     df = df.reindex(columns=cols)
-    if "created_utc" in runs:  # the newest run's value of a (model, context) point wins, whatever the import order
+    # the newest run's value of a (benchmark, model, context) point wins, whatever the import order
+    if "created_utc" in runs:
         df["_created"] = df["run_id"].map(runs.set_index("id")["created_utc"])
         df = df.sort_values(["_created", "run_id"], kind="stable").drop(columns="_created")
     else:
         df = df.sort_values(["run_id"], kind="stable")
-    df = df.drop_duplicates(["model", "seq_len"], keep="last").sort_values(["model", "seq_len"]).reset_index(drop=True)
+    df = df.drop_duplicates(["benchmark", "model", "seq_len"], keep="last")
+    df = df.sort_values(["model", "seq_len"]).reset_index(drop=True)
     df["seq_len"] = df["seq_len"].astype(int)
     return df, other
 

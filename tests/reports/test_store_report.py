@@ -317,8 +317,10 @@ def test_every_committed_benchmark_result_imports_and_is_shown(tmp_path: Path):
             assert f"<h3>{name}</h3>" in rep.html
         else:
             drawn = data.points[data.points["benchmark"] == name]
-            points = [r for r in records if "check" not in r]  # parity / bandwidth checks are not points
-            keys = {(r.get("model"), r.get("variant") or "", r["seq_len"]) for r in points}  # newest run per key
+            # parity / bandwidth checks and skipped points (nothing measured) are not drawn
+            points = [r for r in records if "check" not in r and r.get("status") != "skipped"]
+            keys = {(r.get("model"), r.get("variant") or "", r["seq_len"], r.get("batch_size") or 1)
+                    for r in points}  # newest run per key; each batch size is its own series
             assert len(drawn) == len(keys) and set(drawn["seq_len"]) == {r["seq_len"] for r in points}, name
             assert set(drawn["status"]) <= {"ok", "oom"}
 
