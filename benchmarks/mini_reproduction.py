@@ -52,6 +52,8 @@ ROLES = ("teacher", "short", "staged")
 PAPER = {"trained_8k": {8192: 55.1, 16384: 11.9, 32768: 2.4, 65536: 0.8},
          "trained_64k": {8192: 52.5, 16384: 48.3, 32768: 44.5, 65536: 40.8}}
 """HyLo-Llama-4MLA12GDN RULER means by length, trained at 8K and at 64K (paper Table 2)."""
+KD_SPEED_OF_ILD = 0.55
+KD_STARTUP_S = 150.0
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|bos|>' + m['role'] + '\n' + m['content'] + '<|eos|>\n' }}"
                       "{% endfor %}{% if add_generation_prompt %}{{ '<|bos|>assistant\n' }}{% endif %}")
 
@@ -251,12 +253,15 @@ def main() -> None:
     ap.add_argument("--eval-lengths", default="1k,2k,4k,8k,16k")
     ap.add_argument("--ild-tokens", type=int, default=None, help="override the recipes' ILD budget")
     ap.add_argument("--kd-tokens", type=int, default=None, help="override the KD budget of each run (S and L)")
-    ap.add_argument("--batch-tokens", default="32k")
-    ap.add_argument("--long-rows", type=int, default=400)
+    ap.add_argument("--batch-tokens", default="16k", help="tokens per optimizer step of every upcycle run (16k: "
+                    "two training runs and two RULER runs fit one 141 GB GPU at once)")
+    ap.add_argument("--long-tokens", default="4M", help="make-data's long-document tokens per stage length")
+    ap.add_argument("--data", type=Path, default=None, help="an earlier make-data folder (its mixture.yaml) instead "
+                    "of step 1; RULER samples already cached under WORK/results/cache are reused")
     ap.add_argument("--instruction-rows", type=int, default=1024)
-    ap.add_argument("--jobs", type=int, default=4, help="commands run at once")
+    ap.add_argument("--jobs", type=int, default=6, help="commands run at once")
     ap.add_argument("--budget-s", type=float, default=1380.0)
-    ap.add_argument("--eval-reserve-s", type=float, default=420.0, help="time kept for RULER on S and L and the "
+    ap.add_argument("--eval-reserve-s", type=float, default=380.0, help="time kept for RULER on S and L and the "
                     "report when the KD budget is sized")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "mini_reproduction.json")
@@ -271,7 +276,8 @@ def main() -> None:
         teacher = str(tiny_teacher(work))
         recipes = tiny_recipes(work, Path(teacher))
         train_lengths, eval_groups, layout = "256,384,512", [("512,1k", 4)], "auto:1MLA3GDN"
-        data_args = ["--long-rows", "3", "--instruction-rows", "4", "--max-answer-tokens", "8"]
+        student_groups = eval_groups
+        data_args = ["--long-tokens", "768", "--instruction-rows", "4", "--max-answer-tokens", "8"]
         batch_tokens = "1k"
         tasks = args.tasks if args.tasks != ",".join(TASKS) else "niah_single_1,niah_multikey_1"
         samples = min(args.samples, 2)
@@ -282,21 +288,28 @@ def main() -> None:
         recipes = {n: RECIPES / f"{n}.yaml" for n in ("ild", "short", "staged")}
         train_lengths, layout = "1k,4k,8k", "auto:6MLA24GDN"
         lengths = args.eval_lengths.split(",")
-        # batches that leave room for the other RULER runs on the GPU (one that still runs out is halved)
+        # a task's 50 samples in one batch up to 8K, 25 beyond (a batch that runs out of memory is halved)
         short = [x for x in lengths if x in ("1k", "2k", "4k", "8k")]
-        eval_groups = ([(",".join(short), 25)] if short else []) + [(x, 10) for x in lengths if x not in short]
-        data_args = ["--long-rows", str(args.long_rows), "--instruction-rows", str(args.instruction_rows),
+        eval_groups = ([(",".join(short), 50)] if short else []) + [(x, 25) for x in lengths if x not in short]
+        # the students one job per length, the lengths that carry the finding first: a run cut by the budget keeps
+        # whole lengths (a RULER run goes length by length)
+        first = {"8k": 0, "4k": 1, "1k": 2, "2k": 3}
+        student_groups = [(x, 50 if x in short else 25) for x in sorted(lengths, key=lambda x: first.get(x, 9))]
+        data_args = ["--long-tokens", args.long_tokens, "--instruction-rows", str(args.instruction_rows),
                      "--batch-size", "64"]
         batch_tokens, tasks, samples = args.batch_tokens, args.tasks, args.samples
     eval_lengths = ",".join(g[0] for g in eval_groups)
     sets = {"ild": ["--set", f"stages.0.token_budget={args.ild_tokens}"]} if args.ild_tokens else {}
-    data = work / "data" / "mixture.yaml"
+    data = (args.data or work / "data") / "mixture.yaml"
+    if args.data is not None and not data.is_file():
+        sys.exit(f"--data {args.data}: no mixture.yaml there (a hylo-bench make-data --out folder)")
     common = ["--base", teacher, "--teacher", teacher, "--data", str(data), "--results-dir", str(results),
               "--batch-tokens", batch_tokens, "--no-tensorboard", *dev]
-    jobs = [Job("make_data", hb("make-data", "--out", str(work / "data"), "--teacher", teacher, "--lengths",
-                                train_lengths, "--ruler-lengths", eval_lengths, "--ruler-samples", str(samples),
-                                "--ruler-results-dir", str(results), "--overwrite", *data_args, *dev)),
-            Job("ild", hb("upcycle", "--recipe", str(recipes["ild"]), "--layout", layout, "--out", str(work / "ild"),
+    jobs = [] if args.data else [
+        Job("make_data", hb("make-data", "--out", str(work / "data"), "--teacher", teacher, "--lengths", train_lengths,
+                            "--ruler-lengths", eval_lengths, "--ruler-samples", str(samples), "--ruler-results-dir",
+                            str(results), "--overwrite", *data_args, *dev))]
+    jobs += [Job("ild", hb("upcycle", "--recipe", str(recipes["ild"]), "--layout", layout, "--out", str(work / "ild"),
                           *common, *sets.get("ild", [])), wait_for=data)]  # the mixture is written before
     # make-data's RULER decontamination pass: training need not wait for it
 
@@ -315,7 +328,10 @@ def main() -> None:
             recipe_kd = sum(st["token_budget"] for st in yaml.safe_load(recipes["short"].read_text())["stages"])
             want = args.kd_tokens or recipe_kd
             tps = steady_tokens_per_s(work / "ild" / "train_log.jsonl")
-            allow = 0.45 * tps * max(0.0, deadline - time.time() - args.eval_reserve_s - 90)  # 90 s: start-up
+            # a KD step (teacher forward, student forward + backward of every layer) runs at ~0.6 of an ILD step's
+            # tokens/s at 1K and faster at 8K; the first steps of a run (kernel compilation and autotuning) take
+            # ~150 s (H200, attempt 1 of this plan)
+            allow = KD_SPEED_OF_ILD * tps * max(0.0, deadline - time.time() - args.eval_reserve_s - KD_STARTUP_S)
             step = 3 * parse_len(batch_tokens)
             kd = max(step, min(want, int(allow) // step * step))
             adaptive.update(kd_tokens=kd, requested_kd_tokens=want, ild_tokens_per_s=round(tps))
@@ -330,16 +346,20 @@ def main() -> None:
             "upcycle", "--recipe", str(recipes[run]), "--init-from", str(work / "ild"), "--out", str(work / run),
             *common, *kd_sets(run))))
     models = {"teacher": teacher, "short": str(work / "short"), "staged": str(work / "staged")}
-    for role, model in models.items():
-        for lens, batch in eval_groups:
-            jobs.append(Job(f"ruler_{role}_{lens.replace(',', '_')}",
-                            hb("ruler", "--model", model, "--lengths", lens, "--tasks", tasks, "--samples",
-                               str(samples), "--results-dir", str(results), "--engine", "generate", "--batch-size",
-                               str(batch), "--beyond-context", *dev),
-                            deps=["make_data"] if role == "teacher" else [role]))  # the teacher after
-    # make-data: its RULER samples come from make-data's cache, and its CPU-bound sampling would slow make-data
+    ruler_jobs = [("teacher", g) for g in eval_groups] + [(role, g) for g in student_groups
+                                                          for role in ("short", "staged")]
+    # the teacher after make-data: its RULER samples come from make-data's cache, and its CPU-bound sampling would
+    # slow make-data
+    teacher_deps = ["make_data"] if jobs[0].name == "make_data" else []
+    for role, (lens, batch) in ruler_jobs:
+        jobs.append(Job(f"ruler_{role}_{lens.replace(',', '_')}",
+                        hb("ruler", "--model", models[role], "--lengths", lens, "--tasks", tasks, "--samples",
+                           str(samples), "--results-dir", str(results), "--engine", "generate", "--batch-size",
+                           str(batch), "--beyond-context", *dev),
+                        deps=teacher_deps if role == "teacher" else [role]))
     doc = result_envelope("mini_reproduction")
-    doc.update(plan={"teacher": args.teacher, "tiny": args.tiny, "tasks": tasks.split(","), "samples": samples,
+    doc.update(plan={"teacher": args.teacher, "tiny": args.tiny, "data": str(data), "tasks": tasks.split(","),
+                     "samples": samples,
                      "eval_lengths": eval_lengths.split(","), "train_lengths": train_lengths.split(","),
                      "recipes": {k: str(v) for k, v in recipes.items()}, "batch_tokens": batch_tokens,
                      "ild_tokens": args.ild_tokens, "kd_tokens": args.kd_tokens},

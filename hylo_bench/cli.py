@@ -218,6 +218,8 @@ def make_data(
                                               "(repeatable; default: the shipped book)."),
     lengths: str = typer.Option("1k,4k,8k", "--lengths", help="Stage lengths of the long-document rows."),
     long_rows: int = typer.Option(64, "--long-rows", help="Long-document rows per length."),
+    long_tokens: Optional[str] = typer.Option(None, "--long-tokens", help="Long-document tokens per length "
+                                              "(e.g. 4M: 3,907 rows at 1K, 489 at 8K); overrides --long-rows."),
     instruction_rows: int = typer.Option(256, "--instruction-rows", help="Instruction rows (teacher answers)."),
     max_answer_tokens: int = typer.Option(128, "--max-answer-tokens", help="Longest teacher answer (tokens)."),
     seed: int = typer.Option(1, "--seed", help="Seed of every draw (string-keyed, disjoint from RULER's)."),
@@ -233,7 +235,7 @@ def make_data(
     """Write a chat-format training mixture from local text and a teacher: instruction rows answered by the
     teacher and long-document rows (multi-needle, multi-hop, QA over the text) at each stage length, with a
     decontamination report against RULER's prompts."""
-    from hylo_bench.config.units import parse_length
+    from hylo_bench.config.units import parse_length, parse_token_count
     from hylo_bench.tasks.ruler.cache import decontamination_samples
     from hylo_bench.upcycle.make_data import MakeDataConfig
     from hylo_bench.upcycle.make_data import make_data as run_make_data
@@ -241,6 +243,7 @@ def make_data(
     try:
         cfg = MakeDataConfig(out=str(out), teacher=teacher, text=[str(t) for t in text or []],
                              lengths=[parse_length(x) for x in lengths.split(",") if x.strip()], long_rows=long_rows,
+                             long_tokens=parse_token_count(long_tokens) if long_tokens else None,
                              instruction_rows=instruction_rows, max_answer_tokens=max_answer_tokens, seed=seed,
                              batch_size=batch_size, device=device,
                              ruler_lengths=[parse_length(x) for x in ruler_lengths.split(",") if x.strip()]

@@ -25,6 +25,31 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
+def left_padding(mask_BT: torch.Tensor) -> list[int] | None:
+    """Pad counts per row when ``mask_BT`` [B, T] bool is left padding (each row: False * p, then True), else
+    None. One host sync."""
+    B, T = mask_BT.shape
+    pads_B = T - mask_BT.sum(dim=1)
+    expected = torch.arange(T, device=mask_BT.device)[None] >= pads_B[:, None]
+    if not bool(torch.equal(expected, mask_BT)):
+        return None
+    return pads_B.tolist()
+
+
+def left_padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                                 pads: list[int]) -> torch.Tensor:
+    """Causal attention over a left-padded batch without a [B, T, T] mask: row b's real tokens (after its
+    ``pads[b]`` padding tokens) attend causally among themselves through :func:`causal_attention` (flash /
+    memory-efficient kernels, O(T) memory); a padding query attends only to itself, so its output is its own value
+    (what the masked SDPA gives it). q, k: [B, H, T, d_qk]; v: [B, H, T, d_v]. Returns [B, H, T, d_v]."""
+    out = v.clone() if v.shape[-1] else v
+    for b, p in enumerate(pads):
+        if p < q.shape[2]:
+            out[b : b + 1, :, p:] = causal_attention(q[b : b + 1, :, p:], k[b : b + 1, :, p:], v[b : b + 1, :, p:],
+                                                    scale)
+    return out
+
+
 def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                             cu_seqlens: torch.Tensor, method: str = "auto") -> torch.Tensor:
     """Causal attention within each packed document (block-diagonal causal mask).

@@ -20,7 +20,12 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.config.hybrid import LATENT_NORM_EPS, mla_softmax_scale
 from hylo_bench.config.hylo_config import HyLoConfig
-from hylo_bench.models.attention import causal_attention, varlen_causal_attention
+from hylo_bench.models.attention import (
+    causal_attention,
+    left_padded_causal_attention,
+    left_padding,
+    varlen_causal_attention,
+)
 from hylo_bench.models.cache import MLALayerCache
 from hylo_bench.models.rope import MLARotary, apply_rope_interleaved
 
@@ -146,6 +151,8 @@ class MLA(nn.Module):
             out = varlen_causal_attention(q, k, v, self.scale, cu_seqlens)
         elif cache is None and token_mask is None:
             out = causal_attention(q, k, v, self.scale)
+        elif cache is None and (pads := left_padding(kmask)) is not None:
+            out = left_padded_causal_attention(q, k, v, self.scale, pads)
         else:
             past = S - T
             causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past)

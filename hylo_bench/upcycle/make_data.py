@@ -16,7 +16,8 @@ What it writes into ``OUT`` (every row a conversation ``{"messages": [...], "kin
     entry's own text).
 
 * ``mixture.yaml``: the mixture for ``upcycle --data`` (instructions in every stage; ``long-<L>`` only in stages
-  of length L, through the source's ``seq_lens``), ``decontamination.json`` and ``manifest.json``.
+  of length L, through the source's ``seq_lens``; each source weighted by its row count),
+  ``decontamination.json`` and ``manifest.json``.
 
 Seeds: every draw comes from ``random.Random("make-data:<seed>:<kind>:<L>:<i>")``, string seeds, so no stream
 coincides with RULER's integer per-sample seeds. Decontamination: the RULER samples of the evaluation plan
@@ -63,6 +64,7 @@ class MakeDataConfig:
     text: list[str] = field(default_factory=list)  # text files / folders (default: the shipped book)
     lengths: list[int] = field(default_factory=lambda: [1024, 4096, 8192])
     long_rows: int = 64  # per length
+    long_tokens: int | None = None  # per length, overrides long_rows: ceil(long_tokens / L) rows at length L
     instruction_rows: int = 256
     max_answer_tokens: int = 128
     seed: int = 1
@@ -77,6 +79,12 @@ class MakeDataConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def rows_at(self, length: int) -> int:
+        """Long-document rows at stage length ``length`` (tokens): ``ceil(long_tokens / length)`` when
+        ``long_tokens`` is set (the same tokens at every length, so a short stage does not repeat its few rows
+        more often than a long one), else ``long_rows``."""
+        return self.long_rows if self.long_tokens is None else -(-self.long_tokens // length)
 
 
 def _rng(seed: int, *parts: Any) -> random.Random:
@@ -420,13 +428,19 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def mixture_spec(lengths: list[int], seed: int) -> dict:
-    """``mixture.yaml``: instructions in every stage, ``long-<L>`` only in stages of length L."""
+def mixture_spec(lengths: list[int], seed: int, rows: dict[str, int]) -> dict:
+    """``mixture.yaml``: instructions in every stage, ``long-<L>`` only in stages of length L. Each source's weight
+    is its row count (``rows[name]``), so every row of a stage is drawn equally often: a few hundred instruction rows
+    next to thousands of long rows are not repeated ten times per pass over the long ones."""
     from hylo_bench.config.units import format_length
 
-    sources = [{"name": "instructions", "path": "instructions.jsonl", "weight": 1.0, "format": "chat"}]
-    sources += [{"name": f"long-{format_length(L)}", "path": f"long-{format_length(L)}.jsonl", "weight": 1.0,
-                 "format": "chat", "seq_lens": [L]} for L in lengths]
+    def weight(name: str) -> float:
+        return float(max(rows.get(name, 0), 1))
+
+    sources = [{"name": "instructions", "path": "instructions.jsonl", "weight": weight("instructions"),
+                "format": "chat"}]
+    sources += [{"name": f"long-{format_length(L)}", "path": f"long-{format_length(L)}.jsonl",
+                 "weight": weight(f"long-{format_length(L)}"), "format": "chat", "seq_lens": [L]} for L in lengths]
     return {"seed": seed, "sources": sources}
 
 
@@ -453,8 +467,10 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
     check_out_dir(out, cfg.overwrite)
     if not cfg.lengths or any(L < 64 for L in cfg.lengths):
         raise ValueError(f"--lengths {cfg.lengths}: expected stage lengths of at least 64 tokens")
-    if cfg.long_rows < 0 or cfg.instruction_rows < 0 or cfg.max_answer_tokens < 1 or cfg.batch_size < 1:
-        raise ValueError("--long-rows / --instruction-rows must be >= 0, --max-answer-tokens and --batch-size >= 1")
+    if (cfg.long_rows < 0 or cfg.instruction_rows < 0 or (cfg.long_tokens or 0) < 0 or cfg.max_answer_tokens < 1
+            or cfg.batch_size < 1):
+        raise ValueError("--long-rows / --long-tokens / --instruction-rows must be >= 0, --max-answer-tokens and "
+                         "--batch-size >= 1")
     passages = read_passages(cfg.text)
     t0 = time.perf_counter()
     model, tokenizer, info = load_model(cfg.teacher, device=cfg.device)
@@ -477,8 +493,8 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
     all_rows, counts = list(instr), {"instructions": len(instr)}
     for L in cfg.lengths:
         rows = []
-        advance = progress(f"long rows at {format_length(L)}", cfg.long_rows) if progress else noop
-        for i in range(cfg.long_rows):
+        advance = progress(f"long rows at {format_length(L)}", cfg.rows_at(L)) if progress else noop
+        for i in range(cfg.rows_at(L)):
             kind = LONG_KINDS[i % len(LONG_KINDS)]
             row, n_tok = sized_long_row(kind, i, L, tokenizer, passages, passage_tokens, cfg.seed)
             rows.append({"messages": row_messages(row), "kind": row.kind, "source": row.source,
@@ -488,7 +504,7 @@ def make_data(cfg: MakeDataConfig, progress: Callable[[str, int], Callable[[int]
         counts[f"long-{format_length(L)}"] = len(rows)
         all_rows += rows
     atomic_write_text(out / "mixture.yaml", "# hylo-bench make-data: upcycle --data this file\n"
-                      + yaml.safe_dump(mixture_spec(cfg.lengths, cfg.seed), sort_keys=False))
+                      + yaml.safe_dump(mixture_spec(cfg.lengths, cfg.seed, counts), sort_keys=False))
     from hylo_bench.text.haystack import default_haystack_text
 
     ruler_dir = Path(cfg.ruler_results_dir or out) / "cache"

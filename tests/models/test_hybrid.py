@@ -201,3 +201,29 @@ def test_mla_padded_flash_prefill_equals_the_float64_reference():
     assert out.shape == (2, 4, 300, 128)
     err = (out.double().cpu() - ref).norm() / ref.norm()
     assert err < 2e-2, err
+
+
+def _masked_reference(q, k, v, scale, mask_BT):
+    """Attention with an explicit [B, T, T] mask in float64: causal among real tokens, a padding query sees itself."""
+    T = q.shape[2]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()[None] & mask_BT[:, None, :]
+    allowed[:, torch.arange(T), torch.arange(T)] = True
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    return s.masked_fill(~allowed[:, None], float("-inf")).softmax(-1) @ v.double()
+
+
+def test_left_padded_attention_equals_the_masked_float64_reference():
+    """The left-padded prefill path (per row, no [B, T, T] mask) gives the masked SDPA's output, padding rows too."""
+    from hylo_bench.models.attention import left_padded_causal_attention, left_padding
+
+    g = torch.Generator().manual_seed(1)
+    B, H, T = 3, 2, 17
+    q, k = (torch.randn(B, H, T, 12, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, H, T, 8, generator=g, dtype=torch.float64)
+    pads = [0, 5, 16]
+    mask = torch.arange(T)[None] >= torch.tensor(pads)[:, None]
+    assert left_padding(mask) == pads
+    out = left_padded_causal_attention(q, k, v, 0.3, pads)
+    torch.testing.assert_close(out, _masked_reference(q, k, v, 0.3, mask), rtol=0, atol=1e-12)
+    right = mask.flip(1)  # right padding is not left padding: the masked path keeps it
+    assert left_padding(right) is None

@@ -79,6 +79,7 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
     assert instr[0]["messages"][1]["content"] == generate_batch(model, tok, [ids], 8)[0].strip()
     mix = yaml.safe_load((out / "mixture.yaml").read_text())
     assert [s.get("seq_lens") for s in mix["sources"]] == [None, [384], [768]]
+    assert [s["weight"] for s in mix["sources"]] == [3.0, 4.0, 4.0]  # row counts: every row drawn equally often
     sampler = MixtureSampler(load_mixture(out / "mixture.yaml"), seq_len=384)
     assert {sampler.next_document()[0] for _ in range(40)} == {0, 1}  # never the 768-token rows at 384
     rep = json.loads((out / "decontamination.json").read_text())
@@ -89,6 +90,20 @@ def test_make_data_end_to_end(chat_teacher, tmp_path):
     MD.make_data(cfg2, ruler_samples=decontamination_samples)
     for f in ("instructions.jsonl", "long-384.jsonl", "long-768.jsonl", "mixture.yaml"):
         assert (out / f).read_bytes() == (tmp_path / "again" / f).read_bytes()
+
+
+def test_long_tokens_gives_every_length_the_same_tokens(chat_teacher, tmp_path):
+    """--long-tokens N: ceil(N / L) rows at each length L."""
+    d, _ = chat_teacher
+    assert MD.MakeDataConfig(out="x", long_tokens=4_000_000).rows_at(1024) == 3907
+    assert MD.MakeDataConfig(out="x", long_tokens=4_000_000).rows_at(8192) == 489
+    assert MD.MakeDataConfig(out="x", long_rows=7).rows_at(8192) == 7
+    cfg = MD.MakeDataConfig(out=str(tmp_path / "a"), teacher=str(d), lengths=[384, 768], long_tokens=1536,
+                            instruction_rows=1, max_answer_tokens=4, device="cpu")
+    man = MD.make_data(cfg)
+    assert man["rows"] == {"instructions": 1, "long-384": 4, "long-768": 2}
+    with pytest.raises(ValueError, match="--long-tokens"):
+        MD.make_data(MD.MakeDataConfig(out=str(tmp_path / "c"), teacher=str(d), long_tokens=-1))
 
 
 def test_decontamination_finds_a_planted_ruler_gold(chat_teacher, tmp_path):
