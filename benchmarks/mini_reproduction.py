@@ -20,10 +20,11 @@ Results are written as they arrive; a command that fails or runs past ``--budget
 ``--tiny`` runs the same plan on CPU with a tiny chat teacher (the embedded demo teacher with a ChatML template) and
 small lengths (CI).
 
-Usage (H200; the image lacks fla, TileLang, gguf, SQLAlchemy, wonderwords and plotly: carry
-``EXTRA="plotly narwhals" ../shared/tools/make-gpu-bundle.sh --tilelang``; the GGUF travels in two parts)::
+Usage (H200; the image lacks fla, TileLang, gguf, SQLAlchemy and wonderwords: carry
+``../shared/tools/make-gpu-bundle.sh --tilelang``; the GGUF travels in parts; benchmarks/README.md has the calls)::
 
-    python3 benchmarks/mini_reproduction.py --teacher /tmp/smol.gguf --work /tmp/mini --budget-s 1320
+    hylo-bench make-data --out /tmp/mini_cpu/data --long-tokens 4M ...   # beforehand, on CPU
+    python3 benchmarks/mini_reproduction.py --teacher /tmp/smol.gguf --data /tmp/mini/data --budget-s 1380
 """
 
 from __future__ import annotations

@@ -46,3 +46,12 @@ def test_other_errors_and_single_prompt_oom_are_raised(tiny_tokenizer, monkeypat
     cfg.batch_size = 4
     with pytest.raises(ValueError, match="not memory"):
         R._predict(bad, tiny_tokenizer, [{"prompt": "a", "index": i} for i in range(3)], cfg, 8, lambda b, p: None)
+
+
+def test_cudnn_workspace_allocation_failure_counts_as_out_of_memory():
+    """The H200 message of cuDNN attention on a full GPU (mini reproduction, attempt 2) is retried like an OOM."""
+    msg = ("Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true, but got "
+           "false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)")
+    assert R._is_oom(RuntimeError(msg))
+    assert R._is_oom(OutOfMemoryError("anything"))
+    assert not R._is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))

@@ -249,7 +249,10 @@ def _predict(
 
 
 def _is_oom(e: BaseException) -> bool:
-    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+    """True for a GPU allocation failure: torch's ``OutOfMemoryError``, a RuntimeError saying "out of memory", or
+    cuDNN attention failing to run its graph on a full GPU (``mha_graph.execute(..., workspace_ptr.get())``)."""
+    text = str(e).lower()
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in text or "workspace_ptr" in text
 
 
 def results_path(results_dir: Path, model_name: str) -> Path:
