@@ -616,6 +616,12 @@ def sweep(
     resolution: str = typer.Option("1k", "--find-max-resolution", help="Bisection resolution (tokens)."),
     find_max_limit: str = typer.Option("64m", "--find-max-limit", help="Largest context --find-max tries."),
     point_timeout: float = typer.Option(1800.0, "--point-timeout", help="Seconds per point before it is stopped."),
+    budget: Optional[float] = typer.Option(None, "--budget-s", help="Seconds for the whole sweep: a native point "
+                                           "whose full prefill would not fit is measured in mode 'estimated' (TTFT "
+                                           "from two timed prefill chunks, decode after a synthetic context), "
+                                           "points not started in time are recorded as skipped."),
+    reserve: float = typer.Option(0.0, "--reserve-s", help="With --budget-s: seconds each point leaves to the "
+                                  "points after it when it chooses a full or an estimated run."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 / fp16 / fp32 (default: bf16 on GPU, fp32 "
                                         "on CPU)."),
@@ -639,8 +645,8 @@ def sweep(
             baseline_static=baseline_static, decode_steps=decode_steps,
             prefill_chunk_tokens=parse_length(prefill_chunk), cuda_graphs=cuda_graphs,
             compile=compile_step, find_max=find_max, find_max_resolution_tokens=parse_length(resolution),
-            find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, device=device,
-            dtype=dtype, out=out)
+            find_max_limit_tokens=parse_length(find_max_limit), point_timeout_s=point_timeout, budget_s=budget,
+            reserve_s=reserve, device=device, dtype=dtype, out=out)
         run_with_progress(cfg, console, run, on_result=None if no_store else _store(db, "hylo-results"))
     except ValueError as e:
         _fail(e)

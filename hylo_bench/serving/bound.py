@@ -15,9 +15,9 @@ A decode step at batch B is bound by the bytes it must move (the roofline of a m
 
 ``bandwidth``: the device's copy bandwidth ((read + write) bytes per second of a large ``dst.copy_(src)``),
 4.30e12 B/s on an H200 (measured, ``benchmarks/results/serving_sweep.json``); other devices are measured when the
-record is made (:func:`measure_copy_bandwidth`). The formula is the one of ``benchmarks/serving_sweep.py``
-(``decode_bytes_per_token``) and of the bounds in issue 22; compute and launch overheads are ignored, so the bound
-is a lower limit on the step time.
+record is made (:func:`measure_copy_bandwidth`). The formula is the one of the bounds in issue 22
+(``benchmarks/serving_sweep.py`` reports its bytes as ``decode_bytes_per_token``); compute and launch overheads are
+ignored, so the bound is a lower limit on the step time.
 """
 
 from __future__ import annotations

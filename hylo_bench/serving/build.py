@@ -63,10 +63,12 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
         ("checkpoint" | "random"), ``config`` (the HyLoConfig or the HF backbone config)).
 
     Raises:
-        ValueError: an unknown recipe (close names listed) or a bad checkpoint. FileNotFoundError: missing files.
+        ValueError: an unknown recipe (close names listed) or a bad checkpoint (file and key named; a checkpoint
+        loads through :func:`hylo_bench.models.loading.load_causal_lm`, plain models with sdpa attention).
+        FileNotFoundError: missing files.
     """
     from hylo_bench.config import recipes as R
-    from hylo_bench.models.loading import layout_name
+    from hylo_bench.models.loading import layout_name, load_causal_lm
 
     name = spec.removeprefix(BACKBONE_PREFIX)
     is_recipe = not Path(name).expanduser().exists() and name != "demo" and R.find_recipe(name) is not None
@@ -74,21 +76,9 @@ def build_model(spec: str, device: str, dtype: torch.dtype) -> tuple[Any, dict[s
         raise ValueError(f"{spec!r}: 'backbone:' needs a recipe name, e.g. backbone:HyLo-Qwen-7MLA21GDN-8K-SFT; "
                          f"{R.unknown_recipe_message(name)}")
     if not is_recipe:  # weights only: the engine works on token ids, no tokenizer needed
-        from transformers import AutoModelForCausalLM
-
-        from hylo_bench.config.hybrid import HYBRID_CONFIG_NAME
-        from hylo_bench.models.checkpoint import resolve_checkpoint_dir
-        from hylo_bench.models.hybrid import load_hylo
-
-        d = resolve_checkpoint_dir(spec)
-        if (d / HYBRID_CONFIG_NAME).is_file():
-            model, kind = load_hylo(d, dtype=dtype, device=device), "hybrid"
-        else:
-            model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="sdpa").to(device)
-            kind = "transformer"
-        name = "demo-teacher" if spec == "demo" else str(spec).rstrip("/")
-        return model.eval(), {"name": name, "kind": kind, "layout": layout_name(model), "weights": "checkpoint",
-                              "config": model.config}
+        model, loaded = load_causal_lm(spec, device, dtype, attn_implementation="sdpa")
+        return model, {"name": loaded["name"], "kind": loaded["kind"], "layout": loaded["layout"],
+                       "weights": "checkpoint", "config": model.config}
     recipe = R.load_recipe(name)
     if spec.startswith(BACKBONE_PREFIX):
         from transformers import AutoModelForCausalLM

@@ -8,6 +8,11 @@ benchmark-format JSON
 (``{"benchmark", "kind": "sweep", "git_sha", "device", "versions", "records": [...]}``, atomic rewrite after every
 point) handed to ``on_result`` after every point (``hylo-bench sweep``: the results store, kind ``sweep``:
 re-imports extend, never duplicate). This process never touches the GPU itself.
+
+With a time budget (``budget_s``) the sweep ends on time: a native-engine point whose full prefill would not fit
+the time left is measured in ``mode: "estimated"`` (TTFT from two timed prefill chunks, decode after a synthetic
+context; :func:`hylo_bench.serving.sweep_worker.run_point`), a running point is stopped :data:`BUDGET_GRACE_S`
+after the budget (status ``timeout``) and points not started by then are recorded as ``skipped``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from hylo_bench.io_utils import OnResult, atomic_write_json, git_sha, package_ve
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("native", "hf")
+BUDGET_GRACE_S = 20.0
+"""Seconds a point may run past ``budget_s`` before it is stopped: a point that chose its full run just inside the
+budget still gets to finish its decode steps."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -56,6 +64,11 @@ class SweepConfig:
         stop_after_oom: skip larger contexts of a (model, batch) series once one OOMs (recorded as skipped).
         device, dtype: passed to the workers (default: cuda if available; bf16 on GPU, fp32 on CPU).
         point_timeout_s: wall-clock limit per point (status ``timeout``).
+        budget_s: wall-clock limit of the whole sweep (s; None: none), counted from the start of the run: see the
+            module docstring. Points not started within it are ``skipped``; a running one is stopped
+            :data:`BUDGET_GRACE_S` after it.
+        reserve_s: with ``budget_s``, seconds each point leaves to the points after it when it chooses between a
+            full and an estimated run.
     """
 
     model: str
@@ -76,6 +89,8 @@ class SweepConfig:
     device: str | None = None
     dtype: str | None = None
     point_timeout_s: float = 1800.0
+    budget_s: float | None = None
+    reserve_s: float = 0.0
     warmup: bool = True
 
     def __post_init__(self) -> None:
@@ -92,6 +107,10 @@ class SweepConfig:
         for name in ("decode_steps", "prefill_chunk_tokens", "find_max_resolution_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.budget_s is not None and not self.budget_s >= 0:
+            raise ValueError(f"--budget-s {self.budget_s}: expected seconds >= 0")
+        if not self.reserve_s >= 0:
+            raise ValueError(f"--reserve-s {self.reserve_s}: expected seconds >= 0")
         self.out = Path(self.out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,37 +173,84 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 class SweepRun:
-    """Runs the points of one sweep, saving the JSON (and handing it to ``on_result``) after every record."""
+    """Runs the points of one sweep, saving the JSON (and handing it to ``on_result``) after every record.
+
+    ``env``: the results document the records are appended to (default :func:`new_envelope`); a driver with its
+    own envelope (``benchmarks/serving_sweep.py``) passes it and may override :meth:`save`. The budget clock
+    (``cfg.budget_s``) starts here.
+    """
 
     def __init__(self, cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
-                 on_result: OnResult | None = None):
+                 on_result: OnResult | None = None, env: dict[str, Any] | None = None):
         self.cfg = cfg
-        self.env = new_envelope(cfg)
+        self.t0 = time.monotonic()
+        self.env = new_envelope(cfg) if env is None else env
         self.on_record = on_record
         self.on_result = on_result
+
+    def left_s(self) -> float | None:
+        """Seconds left of ``cfg.budget_s`` (negative once spent); None without a budget."""
+        return None if self.cfg.budget_s is None else self.cfg.budget_s - (time.monotonic() - self.t0)
 
     def save(self) -> None:
         atomic_write_json(self.cfg.out, self.env)
         if self.on_result is not None:
             self.on_result(self.env, self.cfg.out)
 
-    def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid",
-              engine: str | None = None) -> dict[str, Any]:
+    def skip(self, series: str, spec_model: str, seq_len: int, batch: int, why: str) -> dict[str, Any]:
+        """Add a ``skipped`` grid record (nothing measured) saying ``why``."""
+        return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": self.cfg.backend,
+                         "point": "grid", "seq_len": seq_len, "batch_size": batch, "status": "skipped",
+                         "error": why})
+
+    def measure(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid",
+                engine: str | None = None, *, variant: str = "", cuda_graphs: bool | None = None,
+                compile: bool | None = None, reserve_s: float | None = None) -> dict[str, Any]:
+        """Run one point in its worker process and return its record, not added yet (see :meth:`point`).
+
+        Args:
+            series: the record's series name. spec_model: the model spec the worker builds. seq_len: prompt tokens.
+            batch: sequences. kind: ``grid`` | ``probe``. engine: worker engine (``"static"``), else the backend's.
+            variant: the record's variant name (default: ``engine`` or ""), so reports draw it as its own series.
+            cuda_graphs, compile: this point's setting instead of the config's.
+            reserve_s: with a budget, this point's reserve instead of ``cfg.reserve_s``.
+
+        Returns:
+            A flat record: ``status`` ``skipped`` (without running anything) when the budget is spent.
+        """
         c = self.cfg
-        spec = {"model": spec_model, "backend": c.backend, "seq_len": seq_len, "batch_size": batch,
-                "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": c.cuda_graphs,
-                "compile": c.compile, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0,
-                "engine": engine}
-        rec = run_worker(spec, c.point_timeout_s)
+        graphs = c.cuda_graphs if cuda_graphs is None else cuda_graphs
+        comp = c.compile if compile is None else compile
         # the static-cache baseline is the same model: a variant, so reports draw it as its own series
-        return self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
-                         "variant": engine or "", "point": kind, "seq_len": seq_len, "batch_size": batch,
-                         "decode_steps": c.decode_steps, **rec})
+        head = {"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend,
+                "variant": variant or engine or "", "point": kind, "seq_len": seq_len, "batch_size": batch,
+                "decode_steps": c.decode_steps, "compile": comp}
+        left = self.left_s()
+        if left is not None and left <= 0:
+            return head | {"status": "skipped", "error": f"the sweep's budget of {c.budget_s:.0f} s is spent"}
+        spec = {"model": spec_model, "backend": c.backend, "seq_len": seq_len, "batch_size": batch,
+                "decode_steps": c.decode_steps, "prefill_chunk": c.prefill_chunk_tokens, "cuda_graphs": graphs,
+                "compile": comp, "device": c.device, "dtype": c.dtype, "warmup": c.warmup, "seed": 0,
+                "engine": engine}
+        timeout = c.point_timeout_s
+        if left is not None:
+            spec["time_left_s"] = left - (c.reserve_s if reserve_s is None else reserve_s)
+            timeout = min(timeout, left + BUDGET_GRACE_S)
+        rec = run_worker(spec, timeout)
+        if rec.get("status") == "timeout" and timeout < c.point_timeout_s:
+            rec["error"] = f"stopped {BUDGET_GRACE_S:.0f} s after the end of the sweep's {c.budget_s:.0f} s budget"
+        return head | rec
+
+    def point(self, series: str, spec_model: str, seq_len: int, batch: int, kind: str = "grid",
+              engine: str | None = None, **overrides: Any) -> dict[str, Any]:
+        """:meth:`measure` one point (``overrides``: its keyword-only arguments) and :meth:`add` its record."""
+        return self.add(self.measure(series, spec_model, seq_len, batch, kind, engine, **overrides))
 
     def add(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Append a record (dict / list values dropped: records stay flat), save, call ``on_record``."""
         rec = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
         self.env["records"].append(rec)
-        if self.env["device"] is None and rec.get("device"):
+        if self.env.get("device") is None and rec.get("device"):
             self.env["device"] = rec["device"]
         self.save()
         if self.on_record is not None:
@@ -199,25 +265,33 @@ class SweepRun:
         hi = min((t for t in bad if t > lo), default=None)
         if lo == 0 and hi is None:
             return None
-        while hi is None:
+        stopped = None
+
+        def probe(t: int) -> bool | None:
+            """Whether ``t`` tokens fit; None when the budget ran out (a skipped probe says nothing)."""
+            nonlocal stopped
+            rec = self.point(series, spec_model, t, batch, "probe", engine)
+            if rec["status"] == "skipped":
+                stopped = rec["error"]
+                return None
+            return rec["status"] == "ok"
+
+        while hi is None and stopped is None:
             t = lo * 2
             if t > c.find_max_limit_tokens:
                 break
-            if self.point(series, spec_model, t, batch, "probe", engine)["status"] == "ok":
-                lo = t
-            else:
-                hi = t
-        while hi is not None and hi - lo > c.find_max_resolution_tokens:
+            if (fits := probe(t)) is not None:
+                lo, hi = (t, hi) if fits else (lo, t)
+        while stopped is None and hi is not None and hi - lo > c.find_max_resolution_tokens:
             mid = (lo + hi) // 2 // c.find_max_resolution_tokens * c.find_max_resolution_tokens
             if mid <= lo:
                 break
-            if self.point(series, spec_model, mid, batch, "probe", engine)["status"] == "ok":
-                lo = mid
-            else:
-                hi = mid
+            if (fits := probe(mid)) is not None:
+                lo, hi = (mid, hi) if fits else (lo, mid)
         self.add({"model": spec_model, "series": series, "spec": spec_model, "backend": c.backend, "point": "max",
                   "seq_len": lo, "batch_size": batch, "max_context_tokens": lo, "first_failed_tokens": hi,
-                  "resolution_tokens": c.find_max_resolution_tokens, "status": "ok" if lo else "oom"})
+                  "resolution_tokens": c.find_max_resolution_tokens, "status": "ok" if lo else "oom",
+                  **({"error": f"search stopped: {stopped}"} if stopped else {})})
         return lo
 
 
@@ -242,13 +316,13 @@ def run(cfg: SweepConfig, on_record: Callable[[dict[str, Any]], None] | None = N
         for batch in cfg.batch_sizes:
             ok, bad, errors = [], [], []
             for seq_len in sorted(cfg.contexts_tokens):
-                if bad and cfg.stop_after_oom:
-                    sweep.add({"model": spec_model, "series": name, "spec": spec_model, "backend": cfg.backend,
-                               "point": "grid", "seq_len": seq_len, "batch_size": batch, "status": "skipped",
-                               "error": f"{min(bad)} tokens already did not fit"})
+                left = sweep.left_s()
+                if bad and cfg.stop_after_oom and (left is None or left > 0):  # once spent, the budget says why
+                    sweep.skip(name, spec_model, seq_len, batch, f"{min(bad)} tokens already did not fit")
                     continue
                 rec = sweep.point(name, spec_model, seq_len, batch, engine=engine)
-                {"ok": ok, "oom": bad, "timeout": bad}.get(rec["status"], errors).append(seq_len)
+                if rec["status"] != "skipped":
+                    {"ok": ok, "oom": bad, "timeout": bad}.get(rec["status"], errors).append(seq_len)
             if cfg.find_max and errors:
                 logger.warning("%s B=%d: no --find-max search, points failed with errors at %s", name, batch, errors)
             elif cfg.find_max:
@@ -275,7 +349,9 @@ def format_record(rec: dict[str, Any]) -> str:
         return f"{head}: largest context that fits {rec.get('max_context_tokens')} tokens"
     share = rec.get("fraction_of_bound")
     bound = f" ({100 * share:.0f} % of its {1e3 * rec['bound_tpot_s']:.3g} ms bound)" if share else ""
-    return (f"{head}: ttft {f('ttft_s', '.3f')} s, tpot {f('tpot_s', '.4f')} s{bound}, "
+    ttft = (f"ttft ~{f('ttft_estimated_s', '.3f')} s (estimated)" if rec.get("mode") == "estimated"
+            else f"ttft {f('ttft_s', '.3f')} s")
+    return (f"{head}: {ttft}, tpot {f('tpot_s', '.4f')} s{bound}, "
             f"{f('tokens_per_s', '.1f')} tok/s, peak {f('peak_memory_gib', '.2f')} GiB (model "
             f"{f('kv_model_gib', '.2f')} GiB)")
 

@@ -2,6 +2,8 @@
 
 Usage (what :mod:`hylo_bench.serving.sweep` runs): ``python -m hylo_bench.serving.sweep_worker SPEC.json OUT.json``.
 A ``torch.cuda.OutOfMemoryError`` becomes ``status: "oom"``; any other exception ``status: "error"``.
+With a time budget (spec key ``time_left_s``) a native-engine point whose full prefill would not fit is measured in
+``mode: "estimated"`` (:func:`run_point`).
 Test hook: ``HYLO_BENCH_SWEEP_OOM_AT=<tokens>`` raises a simulated OutOfMemoryError for points with
 ``seq_len >= tokens`` (after the model is built), so CPU tests can exercise the OOM path.
 """
@@ -43,6 +45,19 @@ def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> di
         pure = engine = M.serving_peak_bytes(weight_bytes=n * M.BF16_BYTES, batch=batch, tokens=tokens,
                                              kv_bytes_per_token=kv)
     return {"kv_model_gib": pure / GIB, "kv_model_engine_gib": engine / GIB}
+
+
+def prefill_attention_flops(config, batch: int, tokens: int) -> float:
+    """FLOPs of the prefill's attention scores and weighted values: ``B * 2 * T^2 * (d_qk + d_v) * n_heads`` per
+    attention layer (the causal half of ``4 * T^2 * d`` per head). HyLo: its MLA layers (``qk_head_dim``,
+    ``v_head_dim``); a transformer: every layer, ``d_qk = d_v = head_dim``. The linear layers' cost is linear in T
+    and not counted; this is what makes long prefills slow."""
+    T2 = float(tokens) * tokens
+    if hasattr(config, "mixer_types"):
+        per_layer = 2.0 * T2 * (config.qk_head_dim + config.v_head_dim) * config.num_attention_heads
+        return batch * per_layer * len(config.mla_layers)
+    d_h = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return batch * 2.0 * T2 * 2 * d_h * config.num_attention_heads * config.num_hidden_layers
 
 
 def _hf_generate_timed(model, ids, steps: int):
@@ -156,6 +171,33 @@ def _hf_static_generate_timed(model, ids, steps: int, compile: bool, warmup: boo
                                      decode_step_s=secs[1:], decode_peak_gib=peak_gib(dev), cuda_graphs=compile)
 
 
+FULL_RUN_MARGIN = 1.15, 20.0
+"""A full run is chosen when ``1.15 * estimated TTFT + 20 s`` fits the time left: the chunk estimate was up to 10 %
+low at 2M tokens on an H200, and the decode steps and CUDA-graph capture come on top of the prefill."""
+
+
+def _prefill_estimate(engine, B: int, T: int, chunk: int, rec: dict[str, Any]) -> float:
+    """TTFT estimate (s) from two timed prefill chunks, written into ``rec`` (``first_chunk_s``, ``last_chunk_s``,
+    ``ttft_estimated_s``, ``prefill_chunk_peak_gib``); 0.0 below 3 chunks (the full prefill is then at most two
+    chunks). Chunk cost grows linearly with its offset, so TTFT ~= n_chunks * (first + last) / 2."""
+    import torch
+
+    from hylo_bench.decode.engine import peak_gib
+
+    n_chunks = -(-T // chunk)
+    if n_chunks < 3:
+        return 0.0
+    engine.time_prefill_chunk(B, 0, chunk)  # untimed: kernel compilation / autotune
+    t_first = engine.time_prefill_chunk(B, 0, chunk)
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    t_last = engine.time_prefill_chunk(B, T - chunk, chunk)
+    est = n_chunks * (t_first + t_last) / 2
+    rec.update(prefill_chunk_peak_gib=peak_gib(engine.device), ttft_estimated_s=est, first_chunk_s=t_first,
+               last_chunk_s=t_last)
+    return est
+
+
 def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one point; returns the flat record (raises on failure; :func:`main` turns that into a status).
 
@@ -165,8 +207,16 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     transformers' static-cache ``generate``, :func:`_hf_static_generate_timed`, compiled with CUDA graphs when
     ``compile`` or ``cuda_graphs`` is set on CUDA).
 
+    ``time_left_s`` (optional, seconds from this call; the sweep's budget less what later points need): with the
+    native engine the first and last prefill chunk are timed (:func:`_prefill_estimate`) and, when the full run
+    would not fit (:data:`FULL_RUN_MARGIN`), decode is measured after a synthetic context of ``seq_len`` tokens
+    instead (``Engine.decode_benchmark``; decode cost does not depend on the cache values): ``mode: "estimated"``,
+    ``ttft_s`` None, ``ttft_estimated_s`` and ``why_estimated`` set. A full run with the estimate records
+    ``ttft_estimate_ratio`` (estimate / measured).
+
     Every record carries its decode bound (:func:`hylo_bench.serving.bound.bound_fields`: ``bound_tpot_s``,
-    ``fraction_of_bound``, the byte counts) and ``mode: "full"`` (a full prefill was timed).
+    ``fraction_of_bound``, the byte counts), ``mode`` (``"full"``: a full prefill was timed), ``params`` (parameter
+    count) and ``prefill_attention_flops`` (:func:`prefill_attention_flops`).
     """
     import torch
 
@@ -174,6 +224,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     from hylo_bench.decode.engine import make_engine
     from hylo_bench.serving.build import build_model
 
+    start = time.perf_counter()
     device = spec.get("device") or default_device()
     dtype = parse_dtype(spec.get("dtype")) or default_dtype(device)
     T, B, steps = spec["seq_len"], spec["batch_size"], spec["decode_steps"]
@@ -183,7 +234,9 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
                            "weights": info["weights"], "device": torch.cuda.get_device_name(device)
                            if device.startswith("cuda") else "cpu", "dtype": str(dtype).removeprefix("torch."),
                            "build_s": time.perf_counter() - t0}
+    rec["params"] = sum(p.numel() for p in model.parameters())
     rec.update(memory_model_gib(model, info, B, T + steps))
+    rec["prefill_attention_flops"] = prefill_attention_flops(model.config, B, T)
     hook = os.environ.get(OOM_HOOK_ENV)
     if hook and T >= int(hook):
         raise torch.cuda.OutOfMemoryError(f"simulated by {OOM_HOOK_ENV}={hook}")
@@ -202,23 +255,42 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         _, timings = _hf_generate_timed(model, ids, steps)
         rec["engine"] = "transformers-eager"
     else:
+        chunk = min(spec["prefill_chunk"], T)
         kw = {"compile": True} if spec.get("compile") else {}  # make_engine passes it to HyLo engines only
-        engine = make_engine(model, B, T + steps, spec["prefill_chunk"], cuda_graphs=spec.get("cuda_graphs", False),
-                             **kw)
+        engine = make_engine(model, B, T + steps, chunk, cuda_graphs=spec.get("cuda_graphs", False), **kw)
+        rec["prefill_chunk"] = chunk
         rec["kv_cache_gib"] = sum(engine.cache_bytes().values()) / GIB
         w0 = time.perf_counter()
         if spec.get("warmup", True):  # compiles / autotunes kernels and captures the decode graph
-            engine.generate(ids[:, : min(T, spec["prefill_chunk"])], min(steps, 3))
+            engine.generate(ids[:, :chunk], min(steps, 3))
         rec["warmup_s"] = time.perf_counter() - w0
-        _, timings = engine.generate(ids, steps)
+        left = spec.get("time_left_s")
+        est = _prefill_estimate(engine, B, T, chunk, rec) if left is not None else 0.0
+        if left is not None:
+            left -= time.perf_counter() - start
+        factor, margin = FULL_RUN_MARGIN
+        if left is None or est * factor + margin < left:
+            _, timings = engine.generate(ids, steps)
+            rec["mode"] = "full"
+            if est:
+                rec["ttft_estimate_ratio"] = est / timings.ttft_s
+        else:
+            timings = engine.decode_benchmark(B, T, steps, seed=spec.get("seed", 0))
+            rec["mode"] = "estimated"
+            rec["why_estimated"] = (f"full prefill estimated at {est:.3g} s (first/last chunk timing): with the "
+                                    f"decode more than the {max(left, 0.0):.0f} s left in the budget" if est else
+                                    f"budget exhausted ({max(left, 0.0):.0f} s left after the reserve)")
         rec["engine"] = type(engine).__name__
         rec["graph_error"] = getattr(engine, "graph_error", None)
     rec.update(timings.to_dict())
     from hylo_bench.serving.bound import bound_fields
 
-    rec["mode"] = "full"
+    rec.setdefault("mode", "full")
+    if rec["mode"] == "estimated":
+        rec["ttft_s"] = None  # decode ran after a synthetic context: no prefill was timed
     rec.update(bound_fields(model, B, T, timings.tpot_s, device))
-    peaks = [p for p in (timings.prefill_peak_gib, timings.decode_peak_gib) if p is not None]
+    peaks = [p for p in (timings.prefill_peak_gib, rec.get("prefill_chunk_peak_gib"), timings.decode_peak_gib)
+             if p is not None]
     rec["peak_memory_gib"] = max(peaks) if peaks else None
     if timings.decode_peak_gib is not None and dtype == torch.bfloat16:
         for key in ("kv_model", "kv_model_engine"):

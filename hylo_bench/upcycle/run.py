@@ -141,21 +141,21 @@ def _mixture_stage_windows(mixture, entries: list[dict], i: int, tokenizer, seq_
 
 
 def _load_hf(spec: str, device: str, dtype: torch.dtype, flag: str = "--base"):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The frozen base / teacher named by ``flag``: (model in eval mode, gradients off; its tokenizer; its resolved
+    directory).
 
-    from hylo_bench.models.checkpoint import resolve_checkpoint_dir, warn_bad_weights
+    Raises:
+        FileNotFoundError / ValueError: from :func:`hylo_bench.upcycle.checks.check_model_spec` (run on the resolved
+            directory, so a hub download is checked as a local folder is) and
+            :func:`hylo_bench.models.loading.load_causal_lm`, with ``flag`` and ``spec`` named.
+    """
+    from hylo_bench.models.loading import load_causal_lm, load_tokenizer
     from hylo_bench.upcycle.checks import check_model_spec
 
-    d = resolve_checkpoint_dir(spec)
-    check_model_spec(str(d), flag)  # a hub download is checked as a local folder is before it
-    try:
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{flag} {spec}: transformers cannot build a model from {d / 'config.json'} "
-                         f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r})") from None
+    model, info = load_causal_lm(spec, device, dtype, flag=flag, check=lambda d: check_model_spec(str(d), flag))
     model.requires_grad_(False)
-    warn_bad_weights(d, model)
-    return model, AutoTokenizer.from_pretrained(d), d
+    d = Path(info["path"])
+    return model, load_tokenizer(d), d
 
 
 RESUME_FILE, RESUME_DCP_DIR = "resume.pt", "resume_dcp"

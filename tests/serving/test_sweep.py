@@ -1,5 +1,6 @@
 """``hylo-bench sweep``: real worker subprocesses on a tiny checkpoint write valid records; a simulated OOM is
-recorded and the sweep goes on; --find-max bisects; the JSON goes into the results store, re-import is a no-op."""
+recorded and the sweep goes on; --find-max bisects; the JSON goes into the results store, re-import is a no-op;
+a time budget estimates the points whose full run would not fit and skips those it cannot start."""
 
 from __future__ import annotations
 
@@ -163,6 +164,50 @@ def test_hf_backend_point_in_process(ckpts):
     assert rec["ttft_s"] > 0 and rec["tpot_s"] > 0 and "kv_cache_gib" not in rec
 
 
+def test_a_point_without_time_for_its_full_prefill_is_estimated(ckpts):
+    spec = {"model": str(ckpts / "hylo"), "backend": "native", "seq_len": 24, "batch_size": 1, "decode_steps": 3,
+            "prefill_chunk": 8, "device": "cpu", "dtype": "fp32", "warmup": False}
+    est = sweep_worker.run_point(spec | {"time_left_s": 0.0})
+    assert est["mode"] == "estimated" and est["ttft_s"] is None and est["tpot_s"] > 0
+    assert "left in the budget" in est["why_estimated"] and est["prompt_tokens"] == 24
+    # 3 chunks of 8: TTFT ~= 3 * (first + last) / 2
+    assert est["ttft_estimated_s"] == pytest.approx(3 * (est["first_chunk_s"] + est["last_chunk_s"]) / 2)
+    assert est["fraction_of_bound"] == pytest.approx(est["bound_tpot_s"] / est["tpot_s"])
+    # 2 MLA layers x 2 x 24^2 x (16 + 16) dims x 4 heads
+    assert est["prefill_attention_flops"] == 2 * 2 * 24 ** 2 * 32 * 4 and est["prefill_chunk"] == 8
+    full = sweep_worker.run_point(spec | {"time_left_s": 3600.0})
+    assert full["mode"] == "full" and full["ttft_s"] > 0 and "why_estimated" not in full
+    assert full["ttft_estimate_ratio"] == pytest.approx(full["ttft_estimated_s"] / full["ttft_s"])
+    plain = sweep_worker.run_point(spec)  # no budget: no chunk timing
+    assert plain["mode"] == "full" and "ttft_estimated_s" not in plain
+
+
+def test_a_spent_budget_skips_points_and_stops_the_find_max_search(ckpts, tmp_path, monkeypatch):
+    calls, spent = [], [False]
+
+    def fake(spec, timeout_s):
+        calls.append((spec["seq_len"], spec["time_left_s"], timeout_s))
+        spent[0] = spec["seq_len"] == 64  # the budget runs out during the second probe
+        return {"status": "ok" if spec["seq_len"] < 40 else "oom"}
+
+    monkeypatch.setattr(S, "run_worker", fake)
+    clock = S.SweepRun.left_s
+    monkeypatch.setattr(S.SweepRun, "left_s", lambda self: -1.0 if spent[0] else 100.0)
+    cfg = _cfg(ckpts, tmp_path, contexts_tokens=[16], find_max=True, find_max_resolution_tokens=4, budget_s=100,
+               reserve_s=30)
+    recs = S.run(cfg)["records"]
+    assert calls == [(16, 70.0, 120.0), (32, 70.0, 120.0), (64, 70.0, 120.0)]  # 100 s left - 30 reserve; +20 grace
+    assert [(r["point"], r["seq_len"], r["status"]) for r in recs] == [
+        ("grid", 16, "ok"), ("probe", 32, "ok"), ("probe", 64, "oom"), ("probe", 48, "skipped"), ("max", 32, "ok")]
+    assert recs[-1]["first_failed_tokens"] == 64 and "budget of 100 s is spent" in recs[-1]["error"]
+
+    calls.clear()
+    monkeypatch.setattr(S.SweepRun, "left_s", clock)
+    recs = S.run(_cfg(ckpts, tmp_path, contexts_tokens=[16, 8], baseline=str(ckpts / "llama"), budget_s=0))["records"]
+    assert calls == [] and len(recs) == 6 and {r["status"] for r in recs} == {"skipped"}
+    assert all("budget" in r["error"] for r in recs)
+
+
 def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
     from typer.testing import CliRunner
 
@@ -176,6 +221,8 @@ def test_cli_sweep_errors_are_actionable(ckpts, tmp_path):
     assert res.exit_code == 2 and "recipe name" in res.output
     res = runner.invoke(app, [*base, "--contexts", "8q"])
     assert res.exit_code == 2 and "8q" in res.output
+    res = runner.invoke(app, [*base, "--contexts", "16", "--budget-s", "-5"])
+    assert res.exit_code == 2 and "--budget-s -5" in res.output
     assert not (tmp_path / "s.json").exists()
 
 
