@@ -42,7 +42,7 @@ def left_padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``pads[b]`` padding tokens) attend causally among themselves through :func:`causal_attention` (flash /
     memory-efficient kernels, O(T) memory); a padding query attends only to itself, so its output is its own value
     (what the masked SDPA gives it). q, k: [B, H, T, d_qk]; v: [B, H, T, d_v]. Returns [B, H, T, d_v]."""
-    out = v.clone() if v.shape[-1] else v
+    out = v.clone()
     for b, p in enumerate(pads):
         if p < q.shape[2]:
             out[b : b + 1, :, p:] = causal_attention(q[b : b + 1, :, p:], k[b : b + 1, :, p:], v[b : b + 1, :, p:],

@@ -110,15 +110,13 @@ def load_tokenizer(d: str | Path):
     return AutoTokenizer.from_pretrained(d)
 
 
-def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None = None, *,
-               attn_implementation: str | None = None, flag: str | None = None):
+def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None = None):
     """Load a model and its tokenizer for evaluation.
 
     Args:
         spec: ``demo``, a local directory, or a hub id (HF cache first, then download).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         dtype: parameter dtype (default: bf16 on GPU, fp32 on CPU).
-        attn_implementation, flag: as for :func:`load_causal_lm`.
 
     Returns:
         (model in eval mode, tokenizer, info dict with ``name``, ``path``, ``hash``, ``layout``, ``kind``).
@@ -127,7 +125,7 @@ def load_model(spec: str, device: str | None = None, dtype: torch.dtype | None =
         FileNotFoundError: unresolvable spec or missing files. ValueError / CheckpointMismatchError: bad
         checkpoint contents (file and key named).
     """
-    model, loaded = load_causal_lm(spec, device, dtype, attn_implementation=attn_implementation, flag=flag)
+    model, loaded = load_causal_lm(spec, device, dtype)
     d = Path(loaded["path"])
     tokenizer = load_tokenizer(d)
     info = {"name": loaded["name"], "path": str(d), "hash": weights_hash(d), "layout": loaded["layout"],
