@@ -1,10 +1,11 @@
-"""Where a batch-1 decode step's time goes: the Qwen3-1.7B-shaped 7MLA21GDN hybrid (random weights) on one GPU.
+"""Where a decode step's time goes: the Qwen3-1.7B-shaped 7MLA21GDN hybrid (random weights) on one GPU.
 
 For each engine variant (CUDA graph of the ``torch.compile``'d step, with and without merged projections,
-``hylo_bench.decode.fused``) at each context: time per output token, the memory-bandwidth bound (bytes of weights
-+ latent cache + states per token over the measured copy bandwidth) and its fraction, and a kernel breakdown from
-``torch.profiler`` over graph replays (matmuls, MLA decode, GDN step, fused element-wise, other; kernels per step;
-the part of the step no kernel covers). Also: every distinct decode GEMV shape alone, as achieved bandwidth.
+``hylo_bench.decode.fused``) at each context and batch size: time per output token, the memory-bandwidth bound
+(:mod:`hylo_bench.serving.bound`: weights once + each sequence's latent cache and 2x its states, over the copy
+bandwidth) and its fraction, and a kernel breakdown from ``torch.profiler`` over graph replays (matmuls, MLA decode,
+GDN step, fused element-wise, other; kernels per step; the part of the step no kernel covers). Also: every distinct
+decode GEMV shape alone, at each ``--gemv-rows`` row count, as achieved bandwidth.
 
 Records go to ``benchmarks/results/decode_profile.json`` (one per variant and context, one per GEMV shape);
 ``--table`` writes the top kernels of each profile as text.
@@ -28,7 +29,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope, write_result
-from serving_sweep import build, copy_bandwidth, decode_bytes_per_token, free
+from batched_decode import build, free
+
+from hylo_bench.serving.bound import copy_bandwidth, decode_step_bytes
 
 CATEGORIES = (("mla_decode", ("_mla_decode",)), ("gdn_step", ("fused_recurrent", "_gdn_decode_token")),
               ("matmul", ("gemv", "gemm", "sm90", "xmma", "cutlass", "triton_tem", "splitk", "_mm_", "cublas")),
@@ -85,14 +88,20 @@ ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merg
 
 # gemv record back end -> hylo_bench.kernels.gemv.triton_kernel.KERNEL
 GEMV_KERNELS = {"triton": "rowblock", "triton_onepass": "rowblock", "triton_nopdl": "rowblock",
-                "triton_persistent": "persistent", "triton_tma": "persistent_tma"}
+                "triton_persistent": "persistent", "triton_tma": "persistent_tma", "triton_dot": "rowblock",
+                "triton_rowblock": "rowblock"}
+# gemv record back end -> triton_kernel.ROWS_KERNEL (the kernel of 2..16 rows)
+GEMV_ROWS_KERNELS = {"triton_rowblock": "rowblock"}
 
 
-def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass")) -> list[dict]:
-    """Each distinct decode GEMV shape alone, timed over a CUDA graph of 50 calls that cycle through enough copies
-    of the weight (>= 256 MB in all) that none is read from L2. Back ends: "cublas" (``F.linear``) and "triton"
-    (:func:`hylo_bench.kernels.gemv.fused_gemv` with the prologue / epilogue the engine fuses into that GEMV: RMSNorm
-    into the first projections, gate_up and lm_head; the residual add into o / out; SwiGLU + residual into down)."""
+def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass"),
+                 rows: tuple[int, ...] = (1,)) -> list[dict]:
+    """Each distinct decode GEMV shape alone, for each row count in ``rows`` (the batch), timed over a CUDA graph of
+    50 calls that cycle through enough copies of the weight (>= 256 MB in all) that none is read from L2. Back ends:
+    "cublas" (``F.linear``) and "triton" (:func:`hylo_bench.kernels.gemv.fused_gemv` with the prologue / epilogue the
+    engine fuses into that GEMV: RMSNorm into the first projections, gate_up and lm_head; the residual add into
+    o / out; SwiGLU + residual into down); for more than one row "triton" is the default multi-row kernel
+    (``ROWS_KERNEL``), "triton_dot" / "triton_rowblock" name one."""
     cfg = model.config
     layers = model.model.layers
     gdn = next(layer.mixer for layer in layers if layer.mixer_type == "gdn")
@@ -113,13 +122,13 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
         "mlp_down": (tuple(mlp.down_proj.weight.shape), glu), "lm_head": (tuple(model.lm_head.weight.shape), norm),
     }
     recs = []
-    for name, ((n_out, n_in), fuse) in shapes.items():
+    for name, ((n_out, n_in), fuse), M in ((n, v, m) for n, v in shapes.items() for m in rows):
         nbytes = n_out * n_in * torch.finfo(dtype).bits // 8
         copies = max(2, -(-2 ** 28 // nbytes)) if device != "cpu" else 1
         ws = [torch.randn(n_out, n_in, device=device, dtype=dtype) for _ in range(copies)]
-        x = torch.randn(1, 1, 2 * n_in if fuse == glu else n_in, device=device, dtype=dtype)
+        x = torch.randn(M, 1, 2 * n_in if fuse == glu else n_in, device=device, dtype=dtype)
         nw = torch.rand(n_in, device=device, dtype=dtype) + 0.5
-        r = torch.randn(1, 1, n_out, device=device, dtype=dtype)
+        r = torch.randn(M, 1, n_out, device=device, dtype=dtype)
         for backend in backends:
             if backend == "cublas":
                 xin = x[..., :n_in]
@@ -130,8 +139,11 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
                 from hylo_bench.kernels.gemv import fused_gemv
                 from hylo_bench.kernels.gemv import triton_kernel as tk
 
+                if M == 1 and backend in ("triton_dot", "triton_rowblock"):
+                    continue
                 tk.ONE_PASS_NORM = backend == "triton_onepass"
                 tk.KERNEL = GEMV_KERNELS.get(backend, "rowblock")
+                tk.ROWS_KERNEL = GEMV_ROWS_KERNELS.get(backend, "dot")
                 from hylo_bench.kernels import pdl as pdl_mode
 
                 pdl_mode.MODE = False if backend == "triton_nopdl" else "auto"
@@ -169,8 +181,10 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
             if backend.startswith("triton") and rec["status"] == "ok":
                 kern = {"rowblock": tk._fused_gemv_kernel, "persistent": tk._fused_gemv_persistent_kernel,
                         "persistent_tma": tk._fused_gemv_tma_kernel}[tk.KERNEL]
+                if M > 1 and tk.ROWS_KERNEL == "dot":
+                    kern = tk._fused_gemv_dot_kernel
                 rec["triton_config"] = str(kern.best_config)[:200]
-            recs.append({"kind": "gemv", "name": name, "backend": backend,
+            recs.append({"kind": "gemv", "name": name, "backend": backend, "rows": M,
                          "fused": fuse if backend.startswith("triton") else "none", "out_features": n_out,
                          "in_features": n_in, "weight_bytes": nbytes, **rec})
             print(recs[-1], flush=True)
@@ -195,11 +209,14 @@ def main() -> None:
                          "programmatic dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default "
                          "auto: the one-kernel "
                          "token on CUDA). Without suffixes: gemv and pre-step on torch")
+    ap.add_argument("--batches", default="1", help="decode batch sizes, comma-separated (one engine sized for the "
+                    "largest)")
+    ap.add_argument("--gemv-rows", default="1", help="row counts of the per-shape GEMV timings, comma-separated")
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
     ap.add_argument("--no-gemv-records", action="store_true", help="skip the per-shape GEMV timings")
-    ap.add_argument("--gemv-backends", default="cublas,triton,triton_onepass",
+    ap.add_argument("--gemv-backends", default="cublas,triton,triton_onepass,triton_dot,triton_rowblock",
                     help=f"per-shape GEMV back ends: cublas and {', '.join(GEMV_KERNELS)} (the fused kernel's forms)")
     ap.add_argument("--table", type=Path, default=None, help="write the top kernels of each profile here")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
@@ -210,14 +227,16 @@ def main() -> None:
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     env = result_envelope("decode_profile")
-    model, info = build("hybrid", device, dtype, args.smoke)
+    model, info = build(device, dtype, args.smoke)
     contexts = [int(c) for c in args.contexts.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
     if args.smoke:
         contexts = [64, 256]
-    bw = copy_bandwidth(device)
-    env.update(model=info["name"], layout=info["layout"], copy_bandwidth_gb_per_s=bw / 1e9)
+    bw, bw_source = copy_bandwidth(device)
+    env.update(model=info["name"], layout=info["layout"], copy_bandwidth_gb_per_s=bw / 1e9, bandwidth_source=bw_source)
     if not args.no_gemv_records:
-        env["records"] += gemv_records(model, bw, device, dtype, tuple(args.gemv_backends.split(",")))
+        env["records"] += gemv_records(model, bw, device, dtype, tuple(args.gemv_backends.split(",")),
+                                       tuple(int(m) for m in args.gemv_rows.split(",")))
     write_result(args.out, env)
     tables = []
     cap = max(contexts) + args.steps + 16
@@ -228,6 +247,7 @@ def main() -> None:
         from hylo_bench.decode.engine import DEFAULT_FUSED_GEMVS
 
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
+        rows_kernel = "dot"
         gdn = "auto"
         for extra in extras:
             if extra.startswith("gemv"):
@@ -243,6 +263,8 @@ def main() -> None:
                 gdn = extra.partition("=")[2]
             elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
                 kernel = extra.partition("=")[2]
+            elif extra.startswith("rows="):  # the fused GEMV's kernel for 2..16 rows (triton_kernel.ROWS_KERNELS)
+                rows_kernel = extra.partition("=")[2]
             else:
                 raise SystemExit(f"unknown variant suffix +{extra} in {variant!r}")
         kw = {"compile_mode": "max-autotune-no-cudagraphs"} if flavour == "maxautotune" else \
@@ -253,30 +275,33 @@ def main() -> None:
 
             triton_kernel.ONE_PASS_NORM = one_pass
             triton_kernel.KERNEL = kernel
+            triton_kernel.ROWS_KERNEL = rows_kernel
             from hylo_bench.kernels import pdl as pdl_mode
 
             pdl_mode.MODE = pdl
         t0 = time.perf_counter()
-        engine = Engine(model, 1, cap, 8192, cuda_graphs=device != "cpu", compile=compiled and not args.smoke,
+        engine = Engine(model, max(batches), cap, 8192, cuda_graphs=device != "cpu",
+                        compile=compiled and not args.smoke,
                         merge_projections=merged, gemv_backend=gemv, fused_gemvs=fused,
                         gdn_prestep_backend=prestep if device != "cpu" else "torch",
                         gdn_decode_backend=gdn if device != "cpu" else "torch", **({} if args.smoke else kw))
-        for T in contexts:
-            rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": 1, "merged_projections": merged,
+        for T, B in ((t, b) for t in contexts for b in batches):
+            rec = {"kind": "decode", "variant": variant, "seq_len": T, "batch_size": B, "merged_projections": merged,
                    "compile": compiled and not args.smoke, "cuda_graphs": device != "cpu",
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
                    "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel,
+                   "gemv_rows_kernel": rows_kernel,
                    "gemv_pdl": str(pdl),
                    "gdn_decode_backend": next((m.gdn_backend for m in engine.mixers if hasattr(m, "gdn_backend")),
                                               "")}
             try:
-                timings = engine.decode_benchmark(1, T, args.steps)
-                nbytes = decode_bytes_per_token(model, engine, T, 1)
-                rec.update(tpot_s=timings.tpot_s, tokens_per_s=1.0 / timings.tpot_s, bytes_per_token=nbytes,
+                timings = engine.decode_benchmark(B, T, args.steps)
+                nbytes = decode_step_bytes(model, B, T)["total"]
+                rec.update(tpot_s=timings.tpot_s, tokens_per_s=B / timings.tpot_s, bytes_per_step=nbytes,
                            bound_tpot_s=nbytes / bw, fraction_of_bound=nbytes / bw / timings.tpot_s,
                            peak_memory_gib=timings.decode_peak_gib or 0.0, setup_s=time.perf_counter() - t0)
-                tok = torch.zeros(1, dtype=torch.long, device=device)
-                pos = torch.full((1,), T, dtype=torch.long, device=device)
+                tok = torch.zeros(B, dtype=torch.long, device=device)
+                pos = torch.full((B,), T, dtype=torch.long, device=device)
                 with torch.inference_mode():
                     events, wall, _ = profile_steps(functools.partial(engine._decode, tok, pos), args.profile_steps,
                                                     device)
@@ -289,7 +314,7 @@ def main() -> None:
                                                      args.profile_steps, device)
                     parts, top = breakdown(events, args.profile_steps)
                     rec.update({f"nograph_{k}": v for k, v in parts.items()})
-                tables.append(f"== {variant} @ {T} tokens: tpot {timings.tpot_s * 1e3:.3f} ms, kernels "
+                tables.append(f"== {variant} @ {T} tokens, batch {B}: tpot {timings.tpot_s * 1e3:.3f} ms, kernels "
                               f"{parts['kernel_time_per_step_s'] * 1e3:.3f} ms/step, {parts['kernels_per_step']:.0f} "
                               f"kernels/step\n" + "\n".join(f"{t * 1e6:9.1f} us  {category(n):18s} {n[:110]}"
                                                             for n, t in top)
@@ -314,7 +339,8 @@ def main() -> None:
         free()
     print("\n\n".join(tables))
     dec = [r for r in env["records"] if r.get("kind") == "decode" and r.get("status") == "ok"]
-    env["summary"] = {f"{r['variant']}@{r['seq_len']}": round(r["fraction_of_bound"], 4) for r in dec}
+    env["summary"] = {f"{r['variant']}@{r['seq_len']}x{r['batch_size']}": round(r["fraction_of_bound"], 4)
+                      for r in dec}
     write_result(args.out, env)
     print(f"wrote {args.out}: {env['summary']}")
 

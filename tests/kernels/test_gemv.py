@@ -124,6 +124,7 @@ def test_triton_kernel_matches_reference(M, N, K, mode, dtype, one_pass, prefetc
     from hylo_bench.kernels.gemv import triton_kernel as tk
 
     monkeypatch.setattr(tk, "ONE_PASS_NORM", one_pass)
+    monkeypatch.setattr(tk, "ROWS_KERNEL", "rowblock")  # its multi-row form too (the dot kernel: next test)
     monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
                         [triton.Config({"BLOCK_N": 4, "BLOCK_K": 16 if prefetch else 32, "PREFETCH": prefetch})])
     monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})  # no best config remembered from another test
@@ -151,6 +152,32 @@ def test_persistent_kernel_matches_reference(M, N, K, mode, kernel, grid_mult, m
                                                          "GRID_MULT": grid_mult}, pre_hook=tk._tma_block_hook)])
     monkeypatch.setattr(kern, "cache", {})
     _check_triton(M, N, K, mode, torch.float32, "cpu")
+
+
+@_interp
+@pytest.mark.slow
+@pytest.mark.usefixtures("_stub_autotune")
+@pytest.mark.parametrize("M,N,K", [(2, 40, 48), (5, 130, 304), (16, 17, 1040)])
+@pytest.mark.parametrize("mode", ["plain", "norm", "norm+res", "glu+res", "gated+res"])
+def test_dot_kernel_matches_reference(M, N, K, mode, monkeypatch):
+    """The tensor-core kernel for 2-16 rows (float32 here, products in full precision), with ragged N and K so the
+    last tiles are masked, and a K loop of several tiles."""
+    import triton
+
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "ROWS_KERNEL", "dot")
+    monkeypatch.setattr(tk._fused_gemv_dot_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 2})])
+    monkeypatch.setattr(tk._fused_gemv_dot_kernel, "cache", {})
+    _check_triton(M, N, K, mode, torch.float32, "cpu")
+
+
+def test_unknown_rows_kernel_is_refused(monkeypatch):
+    tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    monkeypatch.setattr(tk, "ROWS_KERNEL", "splitk")
+    with pytest.raises(ValueError, match="ROWS_KERNEL='splitk'"):
+        tk.fused_gemv_triton(torch.zeros(2, 16), torch.zeros(8, 16), None, 1e-6, False, None)
 
 
 def test_unknown_triton_kernel_is_refused(monkeypatch):
@@ -218,16 +245,19 @@ def test_pdl_gemv_sees_the_previous_kernels_output_in_a_cuda_graph(copy_weight):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("M,N,K", [(1, 9228, 2048), (1, 2048, 6144), (4, 1664, 2048), (16, 130, 300)])
+@pytest.mark.parametrize("M,N,K,rows_kernel", [(1, 9228, 2048, "dot"), (1, 2048, 6144, "dot"),
+                                                (4, 1664, 2048, "dot"), (16, 130, 300, "dot"), (8, 2048, 6144, "dot"),
+                                                (4, 1664, 2048, "rowblock"), (16, 130, 300, "rowblock")])
 @pytest.mark.parametrize("mode", ["plain", "norm", "norm+res", "glu+res"])
-def test_triton_kernel_on_cuda_bf16(M, N, K, mode):
-    pytest.importorskip("triton")
+def test_triton_kernel_on_cuda_bf16(M, N, K, rows_kernel, mode, monkeypatch):
+    tk = pytest.importorskip("hylo_bench.kernels.gemv.triton_kernel")
+    monkeypatch.setattr(tk, "ROWS_KERNEL", rows_kernel)
     _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("M", [1, 4])
+@pytest.mark.parametrize("M", [1, 4, 8])
 def test_gated_norm_prologue_on_cuda_bf16(M):
     """GDN's o_proj shape (12 heads of 256) with its gated norm, one rounding of the normalised input."""
     pytest.importorskip("triton")

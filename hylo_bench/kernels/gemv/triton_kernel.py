@@ -16,6 +16,12 @@ STAGES - 1 tiles are in flight while one is multiplied, through shared memory (`
 the tensor-memory copy engine (a host :class:`~triton.tools.tensor_descriptor.TensorDescriptor`). The RMSNorm
 statistics are computed once per program, not once per row block.
 
+Third kernel, for 2 to 16 rows (``ROWS_KERNEL = "dot"``, batched decode): the same program layout as the row-block
+kernel, but each [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] tile product runs on the tensor cores (``tl.dot``, rows
+padded to 16, float32 accumulation) in a software-pipelined loop over K (``tl.range(num_stages=STAGES)``). The
+row-block kernel's multi-row form multiplies on the CUDA cores and reduces every tile across threads, which costs
+more than the tile's loads once several rows share it.
+
 Legend: M rows, K input features, N output features.
 """
 
@@ -40,6 +46,12 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
+ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows: "dot" (tensor cores) or "rowblock" (KERNEL's form for every M)
+ROWS_KERNELS = ("dot", "rowblock")
+_DOT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
+                for bn, bk, w in ((16, 128, 4), (16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4),
+                                  (64, 256, 8))
+                for st in (3, 5)]
 
 
 def _tma_block_hook(nargs):
@@ -179,6 +191,48 @@ def _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE: tl.c
     return xv
 
 
+@triton.autotune(configs=_DOT_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "PDL"],
+                 prune_configs_by={"early_config_prune": _prune_for_group})
+@triton.jit
+def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_gm, stride_rm, stride_ym, eps,
+                           PROLOGUE: tl.constexpr, GROUP: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
+                           PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           STAGES: tl.constexpr):
+    """Tensor-core form (module docstring): program p owns output features [p BLOCK_N, (p + 1) BLOCK_N) of every
+    row; PROLOGUE / GROUP / HAS_RES as in the row-block kernel, M_PAD >= 16 (tl.dot's smallest M). The prologue's
+    input tile is rounded to W's dtype before the product, as the row-block kernel's is (exact products in
+    float32). IEEE: float32 products in full precision (float32 weights: tests), not TF32."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, M_PAD)
+    mask_m = offs_m < M
+    x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
+    g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
+    w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
+    if PDL:  # x and the residual are the previous kernel's output
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rstd = tl.zeros([M_PAD], dtype=tl.float32)
+    if PROLOGUE == 1:
+        rstd = _rms_rstd(x_rows, mask_m, K, eps, M_PAD, BLOCK_K)
+    acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+        xv = _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE, GROUP, M_PAD, BLOCK_K)
+        if IEEE:
+            acc = tl.dot(xv.to(w.dtype), tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xv.to(w.dtype), tl.trans(w), acc)
+    mask_y = mask_m[:, None] & mask_n[None, :]
+    y = acc.to(Y.dtype.element_ty)
+    if HAS_RES:
+        r = tl.load(R + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask_y, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(Y.dtype.element_ty)
+    tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
+
+
 def _persistent_grid(n_sm: int):
     def grid(meta):
         tiles = triton.cdiv(meta["N"], meta["BLOCK_N"])
@@ -273,6 +327,15 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     prologue = 3 if gate is not None else 1 if norm_weight is not None else 2 if glu else 0
     if KERNEL not in KERNELS:
         raise ValueError(f"triton_kernel.KERNEL={KERNEL!r}; expected one of {KERNELS}")
+    if ROWS_KERNEL not in ROWS_KERNELS:
+        raise ValueError(f"triton_kernel.ROWS_KERNEL={ROWS_KERNEL!r}; expected one of {ROWS_KERNELS}")
+    if M > 1 and ROWS_KERNEL == "dot":
+        pdl = use_pdl(x.device) and weight_is_input
+        _fused_gemv_dot_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+            x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
+            y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None,
+            M_PAD=max(16, triton.next_power_of_2(M)), PDL=pdl, IEEE=weight.dtype == torch.float32, launch_pdl=pdl)
+        return y.view(*lead, N)
     if KERNEL != "rowblock":
         dev = (x.device.index if x.device.index is not None else torch.cuda.current_device()) \
             if x.device.type == "cuda" else -1
