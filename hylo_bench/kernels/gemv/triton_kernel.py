@@ -16,11 +16,14 @@ STAGES - 1 tiles are in flight while one is multiplied, through shared memory (`
 the tensor-memory copy engine (a host :class:`~triton.tools.tensor_descriptor.TensorDescriptor`). The RMSNorm
 statistics are computed once per program, not once per row block.
 
-Third kernel, for 2 to 16 rows (``ROWS_KERNEL = "dot"``, batched decode): the same program layout as the row-block
-kernel, but each [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] tile product runs on the tensor cores (``tl.dot``, rows
-padded to 16, float32 accumulation) in a software-pipelined loop over K (``tl.range(num_stages=STAGES)``). The
-row-block kernel's multi-row form multiplies on the CUDA cores and reduces every tile across threads, which costs
-more than the tile's loads once several rows share it.
+For 2 to 16 rows (batched decode) a third kernel: the same program layout as the row-block kernel, but each
+[M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] tile product runs on the tensor cores (``tl.dot``, rows padded to 16, float32
+accumulation) in a software-pipelined loop over K (``tl.range(num_stages=STAGES)``). The row-block kernel's
+multi-row form multiplies on the CUDA cores and reduces every tile across threads, which costs more than the tile's
+loads once several rows share it. ``ROWS_KERNEL`` picks the form: "dot" (the prologue once per row in a small
+kernel of its own, then the tensor-core product: a prologue recomputed by every program costs as much as the
+product at 8 rows, SwiGLU's most), "dot_fused" (the prologue in every program), "rowblock", or "tuned" (default:
+the first call per shape times "dot", "dot_fused" and the torch path, cuBLAS, and keeps the fastest).
 
 Legend: M rows, K input features, N output features.
 """
@@ -33,6 +36,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hylo_bench.kernels.pdl import use_pdl
+from hylo_bench.kernels.tuning import fastest
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
 # RMSNorm statistics in the main loop, 1/rms applied to the sums (see the kernel). Off: on the H200 both forms read
@@ -46,8 +50,9 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
-ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows: "dot" (tensor cores) or "rowblock" (KERNEL's form for every M)
-ROWS_KERNELS = ("dot", "rowblock")
+ROWS_KERNEL = "tuned"  # 2..MAX_ROWS rows (module docstring); "rowblock": KERNEL's form for every M
+ROWS_KERNELS = ("tuned", "dot", "dot_fused", "torch", "rowblock")
+_ROWS_BEST: dict[tuple, str] = {}
 _DOT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
                 for bn, bk, w in ((16, 128, 4), (16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4),
                                   (64, 256, 8))
@@ -233,6 +238,54 @@ def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, str
     tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
 
 
+@triton.jit
+def _prologue_rows_kernel(X, NW, G, Y, M, K, stride_xm, stride_gm, stride_ym, eps, PROLOGUE: tl.constexpr,
+                          GROUP: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Y[m, k-block] = prologue(X)[m, k-block] in X's dtype (PROLOGUE 1-3 as in the row-block kernel, rounded as
+    :func:`_prologue_x` rounds). Grid (M, cdiv(K, BLOCK_K)); BLOCK_K a multiple of GROUP."""
+    m = tl.program_id(0)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    rows = tl.full([1], m, dtype=tl.int64)
+    mask_m = rows < M
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x_rows = X + rows[:, None] * stride_xm
+    rstd = tl.zeros([1], dtype=tl.float32)
+    if PROLOGUE == 1:
+        rstd = _rms_rstd(x_rows, mask_m, K, eps, 1, BLOCK_K)
+    xv = _prologue_x(NW, x_rows, G + rows[:, None] * stride_gm, offs_k, mask_m, K, rstd, eps, PROLOGUE, GROUP, 1,
+                     BLOCK_K)
+    tl.store(Y + rows[:, None] * stride_ym + offs_k[None, :], xv, mask=mask_m[:, None] & (offs_k[None, :] < K))
+
+
+def _launch_dot(x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, has_res, pdl):
+    _fused_gemv_dot_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+        x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
+        y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=has_res,
+        M_PAD=max(16, triton.next_power_of_2(M)), PDL=pdl, IEEE=weight.dtype == torch.float32, launch_pdl=pdl)
+
+
+def _rows_gemv(form, x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, has_res, pdl, glu, norm_weight,
+               residual, gate):
+    """y [M, N] = residual + prologue(x2) @ weight.T by one multi-row form ("dot", "dot_fused", "torch")."""
+    if form == "torch":
+        from hylo_bench.kernels.gemv.reference import fused_gemv_reference
+
+        y.copy_(fused_gemv_reference(x2, weight, norm_weight=norm_weight, eps=eps, glu=glu,
+                                     residual=residual.reshape(M, N) if residual is not None else None,
+                                     gate=g2 if gate is not None else None))
+    elif form == "dot_fused" or prologue == 0:
+        _launch_dot(x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, has_res, pdl)
+    else:
+        xp = torch.empty(M, K, dtype=x2.dtype, device=x2.device)
+        block_k = max(1024, group)
+        _prologue_rows_kernel[(M, triton.cdiv(K, block_k))](
+            x2, nw, g2, xp, M, K, x2.stride(0), g2.stride(0), xp.stride(0), float(eps), PROLOGUE=prologue,
+            GROUP=group, PDL=pdl, BLOCK_K=block_k, launch_pdl=pdl, num_warps=4)
+        _launch_dot(xp, weight, nw, g2, r2, y, M, N, K, eps, 0, group, has_res, pdl)
+
+
 def _persistent_grid(n_sm: int):
     def grid(meta):
         tiles = triton.cdiv(meta["N"], meta["BLOCK_N"])
@@ -329,12 +382,20 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
         raise ValueError(f"triton_kernel.KERNEL={KERNEL!r}; expected one of {KERNELS}")
     if ROWS_KERNEL not in ROWS_KERNELS:
         raise ValueError(f"triton_kernel.ROWS_KERNEL={ROWS_KERNEL!r}; expected one of {ROWS_KERNELS}")
-    if M > 1 and ROWS_KERNEL == "dot":
+    if M > 1 and ROWS_KERNEL != "rowblock":
         pdl = use_pdl(x.device) and weight_is_input
-        _fused_gemv_dot_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-            x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
-            y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None,
-            M_PAD=max(16, triton.next_power_of_2(M)), PDL=pdl, IEEE=weight.dtype == torch.float32, launch_pdl=pdl)
+        args = (x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, residual is not None, pdl, glu, norm_weight,
+                residual, gate)
+        form = ROWS_KERNEL
+        if form == "tuned":
+            key = (M, N, K, prologue, group, residual is not None, x.dtype, pdl)
+            if key not in _ROWS_BEST:  # into scratch outputs; the kernels' own autotuning runs on the first calls
+                scratch = (*args[:5], torch.empty_like(y), *args[6:])
+                for cand in ("dot", "dot_fused"):
+                    _rows_gemv(cand, *scratch)
+                _ROWS_BEST[key] = fastest(("dot", "dot_fused", "torch"), lambda c: _rows_gemv(c, *scratch))
+            form = _ROWS_BEST[key]
+        _rows_gemv(form, *args)
         return y.view(*lead, N)
     if KERNEL != "rowblock":
         dev = (x.device.index if x.device.index is not None else torch.cuda.current_device()) \
