@@ -88,10 +88,10 @@ ENGINE_SHAPES = ("gdn_merged_in", "gdn_o", "mla_merged_in", "mla_out", "mlp_merg
 
 # gemv record back end -> hylo_bench.kernels.gemv.triton_kernel.KERNEL
 GEMV_KERNELS = {"triton": "rowblock", "triton_onepass": "rowblock", "triton_nopdl": "rowblock",
-                "triton_persistent": "persistent", "triton_tma": "persistent_tma", "triton_dot": "rowblock",
-                "triton_rowblock": "rowblock", "triton_dotfused": "rowblock"}
-# gemv record back end -> triton_kernel.ROWS_KERNEL (the kernel of 2..16 rows; "triton": "tuned")
-GEMV_ROWS_KERNELS = {"triton_rowblock": "rowblock", "triton_dot": "dot", "triton_dotfused": "dot_fused"}
+                "triton_persistent": "persistent", "triton_tma": "persistent_tma", "triton_rowblock": "rowblock",
+                "triton_dotfused": "rowblock"}
+# gemv record back end -> triton_kernel.ROWS_KERNEL (the kernel of 2..16 rows; "triton": the default, "dot")
+GEMV_ROWS_KERNELS = {"triton_rowblock": "rowblock", "triton_dotfused": "dot_fused"}
 
 
 def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "triton", "triton_onepass"),
@@ -101,7 +101,7 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
     "cublas" (``F.linear``) and "triton" (:func:`hylo_bench.kernels.gemv.fused_gemv` with the prologue / epilogue the
     engine fuses into that GEMV: RMSNorm into the first projections, gate_up and lm_head; the residual add into
     o / out; SwiGLU + residual into down); for more than one row "triton" is the default multi-row kernel
-    (``ROWS_KERNEL``), "triton_dot" / "triton_rowblock" name one."""
+    (``ROWS_KERNEL``), "triton_dotfused" / "triton_rowblock" name the others."""
     cfg = model.config
     layers = model.model.layers
     gdn = next(layer.mixer for layer in layers if layer.mixer_type == "gdn")
@@ -139,11 +139,11 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
                 from hylo_bench.kernels.gemv import fused_gemv
                 from hylo_bench.kernels.gemv import triton_kernel as tk
 
-                if M == 1 and backend in ("triton_dot", "triton_dotfused", "triton_rowblock"):
+                if M == 1 and backend in ("triton_dotfused", "triton_rowblock"):
                     continue
                 tk.ONE_PASS_NORM = backend == "triton_onepass"
                 tk.KERNEL = GEMV_KERNELS.get(backend, "rowblock")
-                tk.ROWS_KERNEL = GEMV_ROWS_KERNELS.get(backend, "tuned")
+                tk.ROWS_KERNEL = GEMV_ROWS_KERNELS.get(backend, "dot")
                 from hylo_bench.kernels import pdl as pdl_mode
 
                 pdl_mode.MODE = False if backend == "triton_nopdl" else "auto"
@@ -184,9 +184,6 @@ def gemv_records(model, bw: float, device: str, dtype, backends=("cublas", "trit
                 if M > 1 and tk.ROWS_KERNEL != "rowblock":
                     kern = tk._fused_gemv_dot_kernel
                 rec["triton_config"] = str(kern.best_config)[:200]
-                if M > 1 and tk.ROWS_KERNEL == "tuned":  # the form the first call picked for this shape
-                    rec["rows_form"] = ";".join(sorted(set(tk._ROWS_BEST.values())))
-                    tk._ROWS_BEST.clear()
             recs.append({"kind": "gemv", "name": name, "backend": backend, "rows": M,
                          "fused": fuse if backend.startswith("triton") else "none", "out_features": n_out,
                          "in_features": n_in, "weight_bytes": nbytes, **rec})
@@ -219,8 +216,7 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU")
     ap.add_argument("--no-gemv-records", action="store_true", help="skip the per-shape GEMV timings")
-    ap.add_argument("--gemv-backends",
-                    default="cublas,triton,triton_onepass,triton_dot,triton_dotfused,triton_rowblock",
+    ap.add_argument("--gemv-backends", default="cublas,triton,triton_onepass,triton_dotfused,triton_rowblock",
                     help=f"per-shape GEMV back ends: cublas and {', '.join(GEMV_KERNELS)} (the fused kernel's forms)")
     ap.add_argument("--table", type=Path, default=None, help="write the top kernels of each profile here")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_profile.json")
@@ -251,7 +247,7 @@ def main() -> None:
         from hylo_bench.decode.engine import DEFAULT_FUSED_GEMVS
 
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
-        rows_kernel = "tuned"
+        rows_kernel = "dot"
         gdn = "auto"
         for extra in extras:
             if extra.startswith("gemv"):

@@ -159,17 +159,16 @@ def test_persistent_kernel_matches_reference(M, N, K, mode, kernel, grid_mult, m
 @pytest.mark.usefixtures("_stub_autotune")
 @pytest.mark.parametrize("M,N,K", [(2, 40, 48), (5, 130, 304), (16, 17, 1040)])
 @pytest.mark.parametrize("mode", ["plain", "norm", "norm+res", "glu+res", "gated+res"])
-@pytest.mark.parametrize("form", ["dot", "dot_fused", "tuned"])
+@pytest.mark.parametrize("form", ["dot", "dot_fused"])
 def test_dot_kernel_matches_reference(M, N, K, mode, form, monkeypatch):
     """The tensor-core kernel for 2-16 rows (float32 here, products in full precision), with ragged N and K so the
     last tiles are masked, and a K loop of several tiles; its prologue in a kernel of its own ("dot") or in every
-    program ("dot_fused"); "tuned" (nothing to time in the interpreter: its first candidate, "dot")."""
+    program ("dot_fused")."""
     import triton
 
     from hylo_bench.kernels.gemv import triton_kernel as tk
 
     monkeypatch.setattr(tk, "ROWS_KERNEL", form)
-    monkeypatch.setattr(tk, "_ROWS_BEST", {})
     monkeypatch.setattr(tk._fused_gemv_dot_kernel, "configs",
                         [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 2})])
     monkeypatch.setattr(tk._fused_gemv_dot_kernel, "cache", {})
@@ -248,9 +247,9 @@ def test_pdl_gemv_sees_the_previous_kernels_output_in_a_cuda_graph(copy_weight):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("M,N,K,rows_kernel", [(1, 9228, 2048, "tuned"), (1, 2048, 6144, "tuned"),
+@pytest.mark.parametrize("M,N,K,rows_kernel", [(1, 9228, 2048, "dot"), (1, 2048, 6144, "dot"),
                                                 (4, 1664, 2048, "dot"), (16, 130, 300, "dot"), (8, 2048, 6144, "dot"),
-                                                (8, 2048, 6144, "dot_fused"), (8, 2048, 6144, "tuned"),
+                                                (8, 2048, 6144, "dot_fused"), (8, 2048, 6144, "torch"),
                                                 (4, 1664, 2048, "rowblock"), (16, 130, 300, "rowblock")])
 @pytest.mark.parametrize("mode", ["plain", "norm", "norm+res", "glu+res"])
 def test_triton_kernel_on_cuda_bf16(M, N, K, rows_kernel, mode, monkeypatch):
