@@ -292,9 +292,10 @@ class Engine(_EngineBase):
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
             :func:`hylo_bench.kernels.gated_delta.select_gdn_decode_backend`).
-        compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA and GDN kernels
-            are opaque custom ops, :mod:`hylo_bench.decode.ops`) so Inductor fuses the small element-wise kernels
-            around them; composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
+        compile: trace the decode step with ``torch.compile`` (``fullgraph``, static shapes; the MLA, GDN and GEMV
+            kernels are opaque custom ops, the ``ops`` module beside each kernel, e.g.
+            :mod:`hylo_bench.kernels.gemv.ops`) so Inductor fuses the small element-wise kernels around them;
+            composes with ``cuda_graphs`` (the compiled step is what gets captured). The first step
             per batch size compiles (tens of seconds to minutes).
         compile_mode: ``torch.compile`` mode (default "default": Inductor fuses the element-wise kernels, the GEMVs
             stay cuBLAS calls; the engine captures its own CUDA graph). On the H200 at 64K this beat

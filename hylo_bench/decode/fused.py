@@ -47,11 +47,11 @@ class Prologue:
 
 def project(x: torch.Tensor, weight: torch.Tensor, fused: Prologue | None = None, glu: bool = False) -> torch.Tensor:
     """``x @ weight.T``; with ``fused`` (or ``glu``) through the Triton GEMV with ``fused.norm`` as prologue (or
-    SwiGLU over x = [gate ; up]) and ``fused.residual`` as epilogue (:func:`hylo_bench.decode.ops.fused_gemv_op`).
+    SwiGLU over x = [gate ; up]) and ``fused.residual`` as epilogue (:func:`hylo_bench.kernels.gemv.ops.fused_gemv_op`).
     x [..., K] (or [..., 2K]) -> [..., N]."""
     if fused is None and not glu:
         return F.linear(x, weight)
-    from hylo_bench.decode.ops import fused_gemv_op
+    from hylo_bench.kernels.gemv.ops import fused_gemv_op
 
     norm = fused.norm if fused is not None else None
     eps = 1e-6 if norm is None else getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from hylo_bench.decode.fused import Prologue, merge_linears, project
-from hylo_bench.decode.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
 from hylo_bench.kernels.gated_delta import DECODE_CHOICE, select_gdn_decode_backend, select_prestep_backend
+from hylo_bench.kernels.gated_delta.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
 from hylo_bench.models.cache import map_state
 
 
@@ -110,7 +110,8 @@ class LinearServing:
 
     def _gdn_decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """The T == 1 path of ``GatedDeltaNet.forward``: convolutions and gates on the selected pre-step back end
-        (:func:`hylo_bench.decode.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back end."""
+        (:func:`hylo_bench.kernels.gated_delta.ops.gdn_decode_prestep_op`), the recurrence on the selected GDN back
+        end."""
         m = self.m
         B = x.shape[0]
         H, K, Vd = m.num_heads, m.head_k_dim, m.head_v_dim

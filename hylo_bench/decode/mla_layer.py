@@ -24,8 +24,8 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.decode.fused import Prologue, merge_linears, project
-from hylo_bench.decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
 from hylo_bench.kernels.mla_decode import CHOICE as MLA_DECODE_CHOICE
+from hylo_bench.kernels.mla_decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
 
 
 @dataclass

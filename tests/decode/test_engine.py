@@ -171,7 +171,7 @@ def test_random_build_materialises_every_parameter():
 
 def test_compiled_decode_step_traces_whole_and_gives_the_same_tokens():
     """``compile=True`` traces the decode step as one graph (fullgraph: the MLA and GDN kernels are opaque
-    custom ops, hylo_bench/decode/ops.py) and decodes the same greedy tokens as generate(). aot_eager keeps the
+    custom ops, hylo_bench/kernels/*/ops.py) and decodes the same greedy tokens as generate(). aot_eager keeps the
     CPU test fast; Inductor runs in the GPU test below."""
     model = _model("gdn-qknorm")
     torch.manual_seed(1)
@@ -309,7 +309,7 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     assert engine.fused == [(kind != "mamba", True), (True, True), (kind != "mamba", True), (True, True)]
     assert engine.fused_head
     calls = []
-    from hylo_bench.decode import ops
+    from hylo_bench.kernels.gemv import ops
 
     orig = ops._impl_gemv
     gated = []

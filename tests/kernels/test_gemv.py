@@ -295,8 +295,8 @@ def _check_triton(M, N, K, mode, dtype, device, group=16):
 def test_engine_on_triton_gemv_equals_torch_engine(monkeypatch):
     """The serving engine with gemv_backend="triton" and the GDN pre-step kernel running the real kernels
     (interpreter, float32) gives the unfused engine's greedy tokens."""
-    from hylo_bench.decode import ops
     from hylo_bench.decode.engine import FUSED_GEMVS, Engine
+    from hylo_bench.kernels.gemv import ops
     from hylo_bench.kernels.gemv.triton_kernel import fused_gemv_triton
     from hylo_bench.models.hybrid import HyLoForCausalLM
     from tests.conftest import tiny_hybrid_config
