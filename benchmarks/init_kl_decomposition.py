@@ -79,16 +79,14 @@ class AblatedAttention(torch.nn.Module):
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hylo_bench.models.checkpoint import demo_teacher_dir
+    from hylo_bench.models.loading import load_causal_lm, load_tokenizer
     from hylo_bench.upcycle.data import build_windows, text_windows
     from hylo_bench.upcycle.documents import shipped_text, split_documents
     from hylo_bench.upcycle.train.losses import eval_kl
 
-    d = demo_teacher_dir()
-    teacher = AutoModelForCausalLM.from_pretrained(d).eval().requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(d)
+    teacher, info = load_causal_lm("demo", "cpu", torch.float32)
+    teacher.requires_grad_(False)
+    tok = load_tokenizer(info["path"])
     data = {"kl_demo_windows": build_windows("demo", tok, 512, 4, seed=123_457),
             "kl_text": text_windows(split_documents(shipped_text())[-200:], tok, 512)[:4]}
     n = teacher.config.num_hidden_layers

@@ -63,11 +63,10 @@ def build_hybrid():
 
 
 def main() -> None:
-    from transformers import AutoTokenizer
-
     from hylo_bench.config.units import parse_length
     from hylo_bench.decode.greedy import resolve_engine
     from hylo_bench.models.checkpoint import demo_teacher_dir
+    from hylo_bench.models.loading import load_tokenizer
     from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
     from hylo_bench.tasks.ruler.cache import load_or_generate, tokenizer_hash
     from hylo_bench.text.haystack import default_haystack_text
@@ -85,7 +84,7 @@ def main() -> None:
     t_start = time.perf_counter()
     lengths = [parse_length(x) for x in args.lengths.split(",")]
     tasks = args.tasks.split(",")
-    tok = AutoTokenizer.from_pretrained(demo_teacher_dir())
+    tok = load_tokenizer(demo_teacher_dir())
     tok.model_max_length = 1 << 30
     work = Path(args.work)
     doc = result_envelope("ruler_throughput")
