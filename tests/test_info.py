@@ -185,8 +185,8 @@ def test_info_imports_neither_torch_nor_transformers(tiny_ckpt):
 
 
 def test_hybrid_spec_equals_hylo_config_for_every_recipe():
-    """The torch-free ``HybridSpec`` and the transformers ``HyLoConfig`` share one implementation
-    (``HybridFields``); built from the same recipe they must write identical hybrid_config.json / config.json and
+    """The torch-free ``HybridSpec`` and its transformers binding ``HyLoConfig`` (a subclass); built from the
+    same recipe they must write identical hybrid_config.json / config.json and
     agree on the derived values the memory model reads."""
     from hylo_bench.config import recipes as R
     from hylo_bench.config.hybrid import HybridSpec

@@ -8,8 +8,9 @@ A released HyLo checkpoint directory holds two configs (checkpoint-format.md §2
   vocab size, norm eps, activation, RoPE base and token ids from it.
 * ``hybrid_config.json``: the Zebra-Llama ``HybridConfig`` fields plus the HyLo GDN additions.
 
-``HybridFields`` holds both in one object; ``HyLoConfig`` (``config/hylo_config.py``) mixes it into a transformers
-``PretrainedConfig`` so ``HyLoForCausalLM`` can be a ``PreTrainedModel``; ``HybridSpec`` is the torch-free twin.
+:class:`HybridSpec` (the one hybrid config class) holds both in one object; ``HyLoConfig``
+(``config/hylo_config.py``) mixes it into a transformers ``PretrainedConfig`` so ``HyLoForCausalLM`` can be a
+``PreTrainedModel``.
 """
 
 from __future__ import annotations
@@ -158,8 +159,13 @@ def read_hf_config(d: Path, flag: str) -> dict[str, Any]:
     return cfg
 
 
-class HybridFields:
-    """Fields and logic of a HyLo hybrid's configuration (MLA + Gated DeltaNet / Mamba-2 layers).
+class HybridSpec:
+    """THE configuration of a HyLo hybrid (MLA + Gated DeltaNet / Mamba-2 layers): fields, one validation, and
+    ``hybrid_config.json`` / ``config.json`` I/O (``from_dicts`` / ``from_directory`` / ``to_hybrid_dict`` /
+    ``to_base_dict``), in plain Python (no torch or transformers import: what ``hylo-bench info`` / ``kv`` use).
+    :class:`hylo_bench.config.hylo_config.HyLoConfig` is its transformers binding (the same class mixed into a
+    ``PretrainedConfig``, for ``HyLoForCausalLM``); ``tests/test_info.py`` checks both write the same files for
+    every shipped recipe.
 
     Field names follow Zebra-Llama's ``HybridConfig`` (``hybrid_config.json``) and HF (``config.json``).
     Every layer whose index is not in ``mla_layers`` is a linear layer of type ``linear_type``.
@@ -185,6 +191,14 @@ class HybridFields:
         ValueError: on inconsistent values (rank not a multiple of the divisor, heads not divisible, a layer
             index out of range, unknown linear type).
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        rest = self._set_fields(**kwargs)
+        self.tie_word_embeddings = bool(rest.pop("tie_word_embeddings", False))
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(self, k, rest.pop(k, None))
+        self.extra = rest
+        self._validate()
 
     def _set_fields(
         self,
@@ -642,24 +656,6 @@ class HybridFields:
         except ValueError as e:
             msg = str(e)
             raise ValueError(msg if msg.startswith(str(d)) else f"{d / HYBRID_CONFIG_NAME}: {msg}") from None
-
-
-class HybridSpec(HybridFields):
-    """The hybrid config without transformers: same fields, validation, ``from_dicts`` / ``from_directory`` /
-    ``to_hybrid_dict`` / ``to_base_dict`` as ``HyLoConfig`` (``tests/models/test_spec.py`` checks they agree
-    on every shipped recipe). What ``hylo-bench info`` / ``kv`` use; ``HyLoConfig.from_spec`` converts.
-
-    Raises:
-        ValueError: as :class:`HybridFields`.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        rest = self._set_fields(**kwargs)
-        self.tie_word_embeddings = bool(rest.pop("tie_word_embeddings", False))
-        for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            setattr(self, k, rest.pop(k, None))
-        self.extra = rest
-        self._validate()
 
 
 def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:

@@ -9,18 +9,18 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from hylo_bench.config.hybrid import HybridFields
+from hylo_bench.config.hybrid import HybridSpec
 
 
-class HyLoConfig(HybridFields, PretrainedConfig):
+class HyLoConfig(HybridSpec, PretrainedConfig):
     """Configuration of a HyLo hybrid (MLA + Gated DeltaNet / Mamba-2 layers) for ``HyLoForCausalLM``.
 
-    Keyword arguments: every field of :class:`hylo_bench.config.hybrid.HybridFields` (``hybrid_config.json``
+    Keyword arguments: every field of :class:`hylo_bench.config.hybrid.HybridSpec` (``hybrid_config.json``
     keys, ``vocab_size``, ``base_*``), plus transformers' ``PretrainedConfig`` ones (token ids,
     ``tie_word_embeddings``, default False: HyLo's ``lm_head`` is untied).
 
     Raises:
-        ValueError: on inconsistent values (see :meth:`HybridFields._validate`).
+        ValueError: on inconsistent values (see :meth:`HybridSpec._validate`).
     """
 
     model_type = "hylo"
@@ -31,6 +31,6 @@ class HyLoConfig(HybridFields, PretrainedConfig):
         self._validate()
 
     @classmethod
-    def from_spec(cls, spec: HybridFields) -> "HyLoConfig":
+    def from_spec(cls, spec: HybridSpec) -> "HyLoConfig":
         """The transformers config of a :class:`~hylo_bench.config.hybrid.HybridSpec` (same files, same fields)."""
         return spec if isinstance(spec, cls) else cls.from_dicts(spec.to_base_dict(), spec.to_hybrid_dict())
