@@ -15,6 +15,15 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+from hylo_bench.config import upcycle as upcycle_defaults  # the defaults' one home: help texts quote it
+
+_udef = upcycle_defaults.upcycle_default
+
+
+def _num(x: float) -> str:
+    """A learning rate as help text quotes it: 0.0002, 6e-5."""
+    return f"{x:g}".replace("e-0", "e-")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Upcycle Transformers into HyLo hybrids (MLA + Gated DeltaNet) and benchmark them.")
 console = Console(stderr=True)
@@ -120,34 +129,39 @@ def upcycle(
                                                  "'kd' stages (default; 'off' with --data demo, one book), 'all' "
                                                  "stages, or 'off'."),
     tokens_per_stage: Optional[str] = typer.Option(None, "--tokens-per-stage",
-                                                   help="Budget for stages without @TOKENS (default 1M)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default 4)."),
+                                                   help="Budget for stages without @TOKENS (default "
+                                                   f"{_udef('tokens_per_stage'):,})."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch (default "
+                                          f"{_udef('batch_size')})."),
     batch_tokens: Optional[str] = typer.Option(None, "--batch-tokens", help="Tokens per micro-batch instead of "
                                                "--batch-size: each stage takes BATCH_TOKENS // its length sequences "
                                                "(e.g. 32k: 32 x 1K or 4 x 8K)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step "
-                                             "(default 1)."),
-    ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help="Default 2e-4, 4e-3 for the demo."),
-    kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help="Default 6e-5 (paper), 3e-4 for the demo."),
+                                             f"(default {_udef('grad_accum')})."),
+    ild_lr: Optional[float] = typer.Option(None, "--ild-lr", help=f"Default {_num(upcycle_defaults.DEFAULT_ILD_LR)}, "
+                                          f"{_num(upcycle_defaults.DEMO_ILD_LR)} for the demo."),
+    kd_lr: Optional[float] = typer.Option(None, "--kd-lr", help=f"Default {_num(upcycle_defaults.DEFAULT_KD_LR)} "
+                                         f"(paper), {_num(upcycle_defaults.DEMO_KD_LR)} for the demo."),
     kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank"),
     q_lora_rank: Optional[int] = typer.Option(None, "--q-lora-rank"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Default 42."),
+    seed: Optional[int] = typer.Option(None, "--seed", help=f"Default {_udef('seed')}."),
     stage_checkpoints: Optional[bool] = typer.Option(None, "--stage-checkpoints/--no-stage-checkpoints",
                                                      help="Save the student after every stage (OUT/stages/)."),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute each layer."),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile each decoder layer "
                                             "of student and teacher (GPU speed; the first steps compile)."),
-    eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL (default 8)."),
+    eval_windows: Optional[int] = typer.Option(None, "--eval-windows", help="Held-out windows for the KL "
+                                               f"(default {_udef('eval_windows')})."),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Optimizer steps between mid-stage saves "
-                                             "of OUT/resume.pt (default 50)."),
+                                             f"of OUT/resume.pt (default {_udef('save_every')})."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where the default results store lives "
                                                "(default hylo-results); the training log is added after every stage."),
     db: Optional[str] = typer.Option(None, "--db", help="Results store path / URL (default: $HYLO_BENCH_DB, else "
                                      "RESULTS_DIR/hylo_bench.sqlite)."),
     select_windows: Optional[int] = typer.Option(None, "--select-windows", help="Calibration windows from --data "
-                                                 "for --layout auto:... (default 8)."),
+                                                 f"for --layout auto:... (default {_udef('select_windows')})."),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Device peak TFLOP/s for the MFU in "
                                                 "OUT/train_log.jsonl (default: dense bf16 peak of H100/H200/A100/"
                                                 "MI300X, none on CPU)."),

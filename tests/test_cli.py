@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from hylo_bench.cli import app
@@ -85,3 +86,23 @@ def test_ruler_backend_lm_eval_end_to_end_and_bad_input(tiny_base_dir, tmp_path)
                            (["--tasks", "niah_single_1", "--backend", "vllm"], "--backend: expected one of")):
         res = runner.invoke(app, [*args, *extra])
         assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_upcycle_help_quotes_the_config_defaults():
+    """The help of ``hylo-bench upcycle`` states UpcycleConfig's defaults (their one home), not copies of them."""
+    from hylo_bench.cli import app
+    from hylo_bench.config import upcycle as U
+
+    res = runner.invoke(app, ["upcycle", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1", "TERM": "dumb"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(part.strip(" │") for part in res.output.splitlines())
+    text = " ".join(text.split())
+    d = U.upcycle_default
+    for want in (f"(default {d('batch_size')})", f"(default {d('grad_accum')})", f"(default {d('eval_windows')})",
+                 f"(default {d('save_every')})", f"(default {d('select_windows')})", f"Default {d('seed')}.",
+                 f"(default {d('tokens_per_stage'):,})", "Default 0.0002, 0.004 for the demo",
+                 "Default 6e-5 (paper), 0.0003 for the demo"):
+        assert want in text, want
+    assert (U.DEFAULT_ILD_LR, U.DEMO_ILD_LR, U.DEFAULT_KD_LR, U.DEMO_KD_LR) == (2e-4, 4e-3, 6e-5, 3e-4)
+    with pytest.raises(KeyError, match="no such field"):
+        d("out")

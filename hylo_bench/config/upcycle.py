@@ -91,6 +91,20 @@ class UpcycleConfig:
         return self.doc_boundaries or ("off" if self.data == "demo" else "kd")
 
 
+def upcycle_default(name: str) -> Any:
+    """The default of :class:`UpcycleConfig` field ``name`` (what the CLI's help quotes).
+
+    Raises:
+        KeyError: no such field, or a field without a plain default (``out``, list / dict factories).
+    """
+    from dataclasses import MISSING, fields
+
+    f = next((f for f in fields(UpcycleConfig) if f.name == name), None)
+    if f is None or f.default is MISSING:
+        raise KeyError(f"UpcycleConfig.{name}: no such field with a plain default")
+    return f.default
+
+
 KL_TOKENS = ("all", "assistant")
 INITS = ("svd", "random")
 DOC_BOUNDARIES = ("kd", "all", "off")
