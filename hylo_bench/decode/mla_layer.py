@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from hylo_bench.decode.fused import Prologue, merge_linears, project
 from hylo_bench.kernels.mla_decode import CHOICE as MLA_DECODE_CHOICE
 from hylo_bench.kernels.mla_decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
+from hylo_bench.models.rope import rope_interleaved
 
 
 @dataclass
@@ -45,18 +46,6 @@ def _rms_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(x^2, -1) + eps) in float32 (float64 for float64), as LlamaRMSNorm computes it."""
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     return torch.rsqrt(x.to(dt).pow(2).mean(-1) + eps)
-
-
-def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of the last dim of ``x`` [..., P] by cos/sin [..., P/2] (broadcast); x's dtype out.
-
-    Same convention as :func:`hylo_bench.models.rope.apply_rope_interleaved` (checkpoint-format.md §5.2).
-    """
-    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    x2 = x.to(dt).unflatten(-1, (-1, 2))
-    x0, x1 = x2[..., 0], x2[..., 1]
-    c, s = cos.to(dt), sin.to(dt)
-    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(x.dtype)
 
 
 def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -85,10 +85,17 @@ class MLARotary:
         return (freqs.cos() * self.mscale).to(dtype), (freqs.sin() * self.mscale).to(dtype)
 
 
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of the last dim of ``x`` [B, H, T, R] by cos/sin [B, T, R/2]; same layout out."""
-    x2 = x.float().unflatten(-1, (-1, 2))
+def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of the last dim of ``x`` [..., P] by cos / sin [..., P/2] (broadcast against x's leading
+    dims): ``(x0, x1) -> (x0 c - x1 s, x0 s + x1 c)`` (checkpoint-format.md §5.2), in float32 (float64 for float64
+    x); x's dtype out. The one RoPE of the package: the model's MLA layers and the decode engine's use it."""
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x2 = x.to(dt).unflatten(-1, (-1, 2))
     x0, x1 = x2[..., 0], x2[..., 1]
-    c, s = cos[:, None].float(), sin[:, None].float()
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    c, s = cos.to(dt), sin.to(dt)
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(x.dtype)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`rope_interleaved` for x [B, H, T, R] and cos / sin [B, T, R/2] (shared by the heads)."""
+    return rope_interleaved(x, cos[:, None], sin[:, None])

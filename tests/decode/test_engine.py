@@ -15,14 +15,9 @@ from tests.conftest import make_base, tiny_hybrid_config
 
 @pytest.fixture
 def rope_float64(monkeypatch):
-    """The model's RoPE and RMSNorms compute in float32 even for float64 inputs; float64 checks use the same
-    maths (adjacent-pair rotation, checkpoint-format.md §5.2; weight * x / rms) kept in float64."""
+    """transformers' RMSNorm computes in float32 even for float64 inputs; float64 checks use the same maths
+    (weight * x / rms) kept in float64. (The RoPE, :func:`hylo_bench.models.rope.rope_interleaved`, keeps float64.)"""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    from hylo_bench.decode.mla_layer import rope_interleaved
-
-    monkeypatch.setattr("hylo_bench.models.mla.apply_rope_interleaved",
-                        lambda x, cos, sin: rope_interleaved(x, cos[:, None], sin[:, None]))
 
     def rms_norm(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
