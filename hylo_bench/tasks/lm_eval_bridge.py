@@ -37,7 +37,7 @@ from lm_eval.models.huggingface import HFLM
 import hylo_bench
 from hylo_bench.config.device import parse_dtype
 from hylo_bench.config.units import LM_EVAL_PERCENT_METRICS
-from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha, utc_now
+from hylo_bench.io_utils import OnResult, atomic_write_json, check_output_path, git_sha, package_version, utc_now
 from hylo_bench.tasks.provenance import software_versions, tokenizer_hash
 from hylo_bench.tasks.workers import launched_world_size, run_workers
 
@@ -614,7 +614,7 @@ def check_tasks(cfg: EvalConfig) -> Any:
         hints = {t: difflib.get_close_matches(t, sorted(known), n=3) for t in unknown}
         shown = ", ".join(f"{t!r}" + (f" (closest: {', '.join(h)})" if h else "") for t, h in hints.items())
         raise ValueError(f"--tasks: {shown} {'is' if len(unknown) == 1 else 'are'} not a task, group or tag that "
-                         f"lm-eval {_lm_eval_version()} knows; `lm-eval ls tasks` lists them, e.g. "
+                         f"lm-eval {package_version('lm_eval')} knows; `lm-eval ls tasks` lists them, e.g. "
                          f"{','.join(PAPER_TASKS)}")
     return manager
 
@@ -625,12 +625,6 @@ def default_task_manager() -> Any:
     from lm_eval.tasks import TaskManager
 
     return TaskManager()
-
-
-def _lm_eval_version() -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version("lm_eval")
 
 
 def _evaluate_and_save(cfg: EvalConfig, device: str | None, on_result: OnResult | None = None) -> dict | None:

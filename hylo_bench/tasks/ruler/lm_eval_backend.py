@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hylo_bench.io_utils import OnResult, atomic_write_json, atomic_write_text
+from hylo_bench.io_utils import OnResult, atomic_write_json, atomic_write_text, package_version
 from hylo_bench.tasks.lm_eval_bridge import HyLoLM
 from hylo_bench.tasks.provenance import param_dtype, software_versions
 from hylo_bench.tasks.ruler import runner as R
@@ -330,12 +330,6 @@ def tokenizer_dir(tokenizer: Any, model_path: str | None) -> Iterator[str]:
         yield path
 
 
-def _lm_eval_version() -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version("lm_eval")
-
-
 def _evaluate_one(lm: Any, task: str, length: int, cfg: RulerConfig, tok_dir: str) -> dict:
     """lm-eval's results dict for one task at one length (``simple_evaluate``, samples logged)."""
     from lm_eval import simple_evaluate
@@ -386,7 +380,7 @@ def _provenance(lm: Any, model_info: dict, cfg: RulerConfig, tok_hash: str, hays
     param = next(iter(lm.model.parameters()), None)
     return {
         "backend": "lm-eval",
-        "lm_eval_version": _lm_eval_version(),
+        "lm_eval_version": package_version("lm_eval"),
         "model_hash": model_info["hash"],
         "tokenizer_hash": tok_hash,
         "flavor": "lm-eval",
