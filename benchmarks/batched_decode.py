@@ -131,7 +131,8 @@ def prefill_point(run: Run, model, info: dict, T: int, *, chunk: int, device: st
     the ``ttft_s`` of the decode records already written."""
     from hylo_bench.decode.engine import Engine
 
-    rec = {"benchmark": "batched_decode_prefill", "layout": info["layout"], "seq_len": T, "batch_size": 1,
+    rec = {"benchmark": "batched_decode_prefill", "model": info["name"], "variant": "prefill", "layout": info["layout"],
+           "seq_len": T, "batch_size": 1,
            "prefill_chunk": chunk, "mode": "estimated"}
     engine = None
     try:
@@ -182,7 +183,8 @@ def ruler_point(run: Run, model, info: dict, T: int, B: int, *, samples: int, ne
     from hylo_bench.decode.batching import BatchStats, Request, continuous_generate
     from hylo_bench.decode.engine import Engine
 
-    rec = {"benchmark": "ruler_continuous_batching", "model": info["name"], "layout": info["layout"], "seq_len": T,
+    rec = {"benchmark": "ruler_continuous_batching", "model": info["name"], "variant": "continuous batching",
+           "layout": info["layout"], "seq_len": T,
            "batch_size": B, "num_samples": samples, "new_tokens": new_tokens, "cuda_graphs": graphs}
     engine = None
     try:
