@@ -168,11 +168,24 @@ def write_transaction(engine: Engine, work: Callable[[Connection], _T]) -> _T:
     Raises:
         sqlalchemy.exc.OperationalError: still locked after :data:`WRITE_RETRY_S` seconds; what ``work`` raises.
     """
+    return _retry_locked(engine, work, write=True)
+
+
+def read_retrying(engine: Engine, work: Callable[[Connection], _T]) -> _T:
+    """``work(conn)`` on a plain (read) connection, retried as :func:`write_transaction` retries while SQLite is
+    locked: a process opening a new store can meet another one switching it to WAL or migrating it."""
+    return _retry_locked(engine, work, write=False)
+
+
+def _retry_locked(engine: Engine, work: Callable[[Connection], _T], *, write: bool) -> _T:
     deadline = time.monotonic() + WRITE_RETRY_S
     delay = 0.05
     while True:
         try:
-            with _write_connection(engine) as conn:
+            if write:
+                with _write_connection(engine) as conn:
+                    return work(conn)
+            with engine.connect() as conn:
                 return work(conn)
         except sa.exc.OperationalError as exc:
             if engine.dialect.name != "sqlite" or not _is_lock_error(exc) or time.monotonic() > deadline:
@@ -223,8 +236,7 @@ def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     Raises:
         ValueError: the database is newer than this hylo-bench (upgrade hylo-bench), or not a hylo-bench store.
     """
-    with engine.connect() as conn:
-        version = current_version(conn)
+    version = read_retrying(engine, current_version)
     if version > SCHEMA_VERSION:
         raise ValueError(f"the results store has schema version {version}, this hylo-bench knows up to "
                          f"{SCHEMA_VERSION}; upgrade hylo-bench")
