@@ -159,6 +159,13 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
         acc = tl.sum(acc1, 1)[None, :]
     if PROLOGUE == 1 and ONE_PASS:
         acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]
+    _store_rows(Y, R, acc, offs_m, offs_n, mask_m, mask_n, stride_rm, stride_ym, HAS_RES)
+
+
+@triton.jit
+def _store_rows(Y, R, acc, offs_m, offs_n, mask_m, mask_n, stride_rm, stride_ym, HAS_RES: tl.constexpr):
+    """The epilogue of every GEMV form: Y[offs_m, offs_n] = acc [M_PAD, BLOCK_N] (float32) in Y's dtype, plus the
+    residual R rounded once after the add when HAS_RES (``residual + linear(x)`` in the model dtype)."""
     mask_y = mask_m[:, None] & mask_n[None, :]
     y = acc.to(Y.dtype.element_ty)
     if HAS_RES:
@@ -229,12 +236,7 @@ def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, str
             acc = tl.dot(xv.to(w.dtype), tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(xv.to(w.dtype), tl.trans(w), acc)
-    mask_y = mask_m[:, None] & mask_n[None, :]
-    y = acc.to(Y.dtype.element_ty)
-    if HAS_RES:
-        r = tl.load(R + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask_y, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(Y.dtype.element_ty)
-    tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
+    _store_rows(Y, R, acc, offs_m, offs_n, mask_m, mask_n, stride_rm, stride_ym, HAS_RES)
 
 
 @triton.jit
@@ -336,13 +338,7 @@ def _make_persistent(tma: bool):
             if kk == k_tiles - 1:
                 if M_PAD == 1:
                     acc = tl.sum(acc1, 1)[None, :]
-                mask_y = mask_m[:, None] & (offs_n[None, :] < N)
-                y = acc.to(Y.dtype.element_ty)
-                if HAS_RES:
-                    r = tl.load(R + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask_y,
-                                other=0.0)
-                    y = (y.to(tl.float32) + r.to(tl.float32)).to(Y.dtype.element_ty)
-                tl.store(Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=mask_y)
+                _store_rows(Y, R, acc, offs_m, offs_n, mask_m, offs_n < N, stride_rm, stride_ym, HAS_RES)
                 acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
                 acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     return kernel
