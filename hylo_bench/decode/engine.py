@@ -24,13 +24,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
-from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing, flash_gqa_supported
+from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing
 from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
+from hylo_bench.models.attention import prefix_causal_attention
 from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
@@ -644,13 +644,7 @@ class TransformerEngine(_EngineBase):
         S = start + T
         self.k_cache[i][:B, :, start:S] = k
         self.v_cache[i][:B, :, start:S] = v
-        k, v, gqa = self.k_cache[i][:B, :, :S], self.v_cache[i][:B, :, :S], self.n_kv != self.n_h
-        if gqa and T > 1 and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):
-            rep = self.n_h // self.n_kv
-            k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-        mask = None if (start == 0 or T == 1) else causal_lower_right(T, S)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0 and T > 1,
-                                             scale=attn.scaling, enable_gqa=gqa)
+        out = prefix_causal_attention(q, self.k_cache[i][:B, :, :S], self.v_cache[i][:B, :, :S], attn.scaling, start)
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, self.n_h * self.d_h))
 
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:

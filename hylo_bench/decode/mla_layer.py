@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from hylo_bench.decode.fused import Prologue, merge_linears, project
 from hylo_bench.kernels.mla_decode import CHOICE as MLA_DECODE_CHOICE
 from hylo_bench.kernels.mla_decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
+from hylo_bench.models.attention import prefix_causal_attention
 from hylo_bench.models.rope import rope_interleaved
 
 
@@ -46,16 +46,6 @@ def _rms_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(x^2, -1) + eps) in float32 (float64 for float64), as LlamaRMSNorm computes it."""
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     return torch.rsqrt(x.to(dt).pow(2).mean(-1) + eps)
-
-
-def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether SDPA's flash kernel takes these GQA inputs (else a lower-right mask could be materialised)."""
-    from torch.backends.cuda import SDPAParams, can_use_flash_attention
-
-    try:
-        return bool(can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True)))
-    except (TypeError, RuntimeError):  # older SDPAParams signature
-        return False
 
 
 class MLAServing:
@@ -93,6 +83,7 @@ class MLAServing:
         if decode_backend == "auto":  # resolved once here, so a traced decode step sees a constant
             decode_backend, reason = MLA_DECODE_CHOICE.choose(w.device, w.dtype)
             MLA_DECODE_CHOICE.log(decode_backend, reason)
+        self.prefill_pad_values = True  # chunked prefill: values padded to the q/k width for flash (see attention)
         self.decode_backend = decode_backend
         # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs, for
         # LlamaRMSNorm-style norms and the query through q_b_proj (no bias) or a merged q_proj
@@ -177,13 +168,7 @@ class MLAServing:
         if ks is not None:
             k.mul_(slot.key_scale[:B, :S].transpose(1, 2)[..., None])  # in place: k is a fresh [B, G, S, N + P]
         q = torch.cat([q_nope, q_pe], dim=-1)
-        gqa = self.G != self.H
-        if gqa and q.device.type == "cuda" and not flash_gqa_supported(q, k, v):
-            rep = self.H // self.G  # no flash with GQA here: repeat K/V heads (memory-efficient kernel, no T x S)
-            k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-        mask = None if start == 0 else causal_lower_right(T, S)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0, scale=self.m.scale,
-                                             enable_gqa=gqa)
+        out = prefix_causal_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values)
         return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
 
     def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor,
