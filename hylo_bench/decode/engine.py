@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -29,8 +28,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from hylo_bench.decode.fused import Prologue, merge_mlp, mlp_forward, project
 from hylo_bench.decode.linear_layer import LinearServing
 from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing
+from hylo_bench.decode.transformer_layer import START_KWARG, PrefixKVCache, use_prefix_attention
 from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
-from hylo_bench.models.attention import prefix_causal_attention
 from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
@@ -433,17 +432,32 @@ class Engine(_EngineBase):
                   and isinstance(layer.post_attention_layernorm, LlamaRMSNorm))
         return mixer, mlp_ok
 
-    def _fused_decode_layer(self, i: int, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Decoder layer i for one decode token on the fused Triton GEMVs (``gemv_backend="triton"``)."""
-        layer, srv, slot = self.layers[i], self.mixers[i], self.slots[i]
-        fuse_mixer, fuse_mlp = self.fused[i]
+    def _layer(self, i: int, h: torch.Tensor, start: int | None, pos: torch.Tensor | None,
+               slots: list | None = None) -> torch.Tensor:
+        """Decoder layer i in serving form: a prefill chunk at ``start`` (int), or one decode token per row at
+        ``pos`` [B]; ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`).
+
+        The structure is ``HyLoDecoderLayer.forward``'s (``h + mixer(input_layernorm(h))``, then
+        ``h + mlp(post_attention_layernorm(h))``) on the same modules and weights; the mixer runs in its serving
+        form over the engine's caches (MLA absorbed over the latent cache, the linear recurrence step). Decode
+        tokens on the fused Triton GEMVs (``gemv_backend="triton"``) hand the norms to the GEMVs' prologues and the
+        residual adds to their epilogues (:class:`hylo_bench.decode.fused.Prologue`) instead of running them apart.
+        """
+        layer, srv = self.layers[i], self.mixers[i]
+        slot = (self.slots if slots is None else slots)[i]
+        mla = isinstance(srv, MLAServing)
+        if not mla:
+            slot = self._rows(slot, h.shape[0])
+        fuse_mixer, fuse_mlp = self.fused[i] if pos is not None and self.fused is not None else (False, False)
         fg = self.fused_gemvs
-        slot = slot if isinstance(srv, MLAServing) else self._rows(slot, h.shape[0])
-        x = h if fuse_mixer and "in" in fg else layer.input_layernorm(h)
         pro = Prologue(layer.input_layernorm if "in" in fg else None, h if "out" in fg else None) if fuse_mixer \
             else None
-        out = srv.decode(x, slot, pos, pro) if isinstance(srv, MLAServing) else srv.decode(x, slot, pro)
-        h = out if pro is not None and pro.residual is not None else h + out
+        x = h if pro is not None and pro.norm is not None else layer.input_layernorm(h)
+        if pos is None:
+            mixed = srv.prefill(x, slot, start) if mla else srv.prefill(x, slot)
+        else:
+            mixed = srv.decode(x, slot, pos, pro) if mla else srv.decode(x, slot, pro)
+        h = mixed if pro is not None and pro.residual is not None else h + mixed
         post, mlp, merged = layer.post_attention_layernorm, layer.mlp, self.merged_mlps[i]
         if not fuse_mlp:
             return h + mlp_forward(mlp, merged, post(h))
@@ -453,27 +467,17 @@ class Engine(_EngineBase):
         gate, up = gate_up.split(merged.splits, dim=-1)
         return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
-    def _layer(self, i: int, h: torch.Tensor, prefill_start: int | None, pos: torch.Tensor | None,
-               slots: list | None = None) -> torch.Tensor:
-        """Decoder layer i: prefill chunk at ``prefill_start`` (int), or one decode token at ``pos`` [B].
-        ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`)."""
-        if pos is not None and self.fused is not None:
-            return self._fused_decode_layer(i, h, pos)
-        layer, srv, slot = self.layers[i], self.mixers[i], (self.slots if slots is None else slots)[i]
-        x = layer.input_layernorm(h)
-        if isinstance(srv, MLAServing):
-            mixed = srv.prefill(x, slot, prefill_start) if pos is None else srv.decode(x, slot, pos)
-        else:
-            rows = self._rows(slot, h.shape[0])
-            mixed = srv.prefill(x, rows) if pos is None else srv.decode(x, rows)
-        h = h + mixed
-        return h + mlp_forward(layer.mlp, self.merged_mlps[i], layer.post_attention_layernorm(h))
-
-    def _prefill(self, ids: torch.Tensor, start: int, slots: list | None = None) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, start: int | None, pos: torch.Tensor | None,
+                 slots: list | None = None) -> torch.Tensor:
+        """The decoder stack: ids [B, T] (a prefill chunk at ``start``) or [B, 1] (decode at ``pos`` [B]) ->
+        hidden states [B, T, D] before the final norm."""
         h = self.model.model.embed_tokens(ids)
         for i in range(len(self.layers)):
-            h = self._layer(i, h, start, None, slots)
-        return h[:, -1:]
+            h = self._layer(i, h, start, pos, slots)
+        return h
+
+    def _prefill(self, ids: torch.Tensor, start: int, slots: list | None = None) -> torch.Tensor:
+        return self._forward(ids, start, None, slots)[:, -1:]
 
     def _row_slots(self, row: int) -> list:
         """Every layer's cache restricted to batch row ``row`` (views of size 1: writes reach the buffers)."""
@@ -528,10 +532,7 @@ class Engine(_EngineBase):
         return self.model.lm_head(self.model.model.norm(hidden_B1D))
 
     def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        h = self.model.model.embed_tokens(tok[:, None])
-        for i in range(len(self.layers)):
-            h = self._layer(i, h, None, pos)
-        return self._logits_to_token(h)
+        return self._logits_to_token(self._forward(tok[:, None], None, pos))
 
     def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
         from hylo_bench.decode.mla_layer import MLACacheSlot
@@ -588,10 +589,11 @@ class Engine(_EngineBase):
 class TransformerEngine(_EngineBase):
     """Baseline engine for a plain transformers Llama / Qwen3 causal LM (GQA attention, rotate-half RoPE).
 
-    Uses the model's own modules (norms, projections, Qwen3 q/k norms, rotary embedding, MLP) with a preallocated
-    K/V cache [max_batch, n_kv, max_context, d_h] per layer (bf16 on GPU: L * 2 * n_kv * d_h * 2 bytes per token,
-    the backbone row of ``hylo-bench kv``). Prefill chunks attend over the cached prefix with SDPA (lower-right
-    causal mask, GQA without repeating K/V: flash on GPU); decode attends over the filled prefix. Eager only.
+    Runs the model's own decoder layers (:mod:`hylo_bench.decode.transformer_layer`) over a preallocated K/V cache
+    [max_batch, n_kv, max_context, d_h] per layer (bf16 on GPU: L * 2 * n_kv * d_h * 2 bytes per token, the
+    backbone row of ``hylo-bench kv``). Prefill chunks attend over the cached prefix with SDPA (lower-right causal
+    mask, GQA without repeating K/V: flash on GPU); decode attends over the filled prefix. Eager only. The model is
+    switched to the engine's attention function (transformers' SDPA for any other caller).
 
     Raises:
         ValueError: a model whose layers lack ``self_attn.{q,k,v,o}_proj``.
@@ -609,51 +611,37 @@ class TransformerEngine(_EngineBase):
             raise ValueError(f"{type(model).__name__}: TransformerEngine needs Llama/Qwen3-style attention "
                              f"(self_attn.q_proj/k_proj/v_proj/o_proj)")
         cfg = model.config
-        self.d_h = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
-        self.n_h = cfg.num_attention_heads
-        self.apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        d_h = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         w = attn.q_proj.weight
-        shape = (max_batch, self.n_kv, max_context, self.d_h)
-        self.k_cache = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in self.layers]
-        self.v_cache = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in self.layers]
+        self.kv = PrefixKVCache(len(self.layers), max_batch, cfg.num_key_value_heads, max_context, d_h, w.dtype,
+                                w.device)
+        use_prefix_attention(model)
         self.length = 0
 
     def cache_bytes(self) -> dict[str, int]:
         """``{"kv": bytes}`` of the preallocated K/V cache."""
-        return {"kv": sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)}
+        return {"kv": sum(t.numel() * t.element_size() for t in self.kv.tensors())}
 
     def reset(self) -> None:
         self.length = 0
 
     def _fill_synthetic(self, context_tokens: int, gen: torch.Generator) -> None:
-        for t in self.k_cache + self.v_cache:
+        for t in self.kv.tensors():
             t[:, :, :context_tokens].normal_(generator=gen)
         self.length = context_tokens
 
-    def _attn(self, i: int, x: torch.Tensor, pos: torch.Tensor, start: int) -> torch.Tensor:
-        attn = self.layers[i].self_attn
-        B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, self.n_h, self.d_h)
-        k = attn.k_proj(x).view(B, T, self.n_kv, self.d_h)
-        v = attn.v_proj(x).view(B, T, self.n_kv, self.d_h).transpose(1, 2)
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = self.model.model.rotary_emb(x, pos)
-        q, k = self.apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        S = start + T
-        self.k_cache[i][:B, :, start:S] = k
-        self.v_cache[i][:B, :, start:S] = v
-        out = prefix_causal_attention(q, self.k_cache[i][:B, :, :S], self.v_cache[i][:B, :, :S], attn.scaling, start)
-        return attn.o_proj(out.transpose(1, 2).reshape(B, T, self.n_h * self.d_h))
-
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """ids [B, T] at positions ``start ..`` through the model's layers -> last hidden state [B, 1, D]."""
         B, T = ids.shape
+        inner = self.model.model
         pos = torch.arange(start, start + T, device=ids.device).expand(B, T)
-        h = self.model.model.embed_tokens(ids)
-        for i, layer in enumerate(self.layers):
-            h = h + self._attn(i, layer.input_layernorm(h), pos, start)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = inner.embed_tokens(ids)
+        rope = inner.rotary_emb(h, pos)
+        self.kv.start, self.kv.batch = start, B
+        for layer in self.layers:
+            out = layer(h, attention_mask=None, position_ids=pos, past_key_values=self.kv, use_cache=True,
+                        position_embeddings=rope, **{START_KWARG: start})
+            h = out[0] if isinstance(out, tuple) else out  # transformers < 5 returned a tuple
         self.length = start + T
         return h[:, -1:]
 

@@ -134,6 +134,23 @@ def test_transformer_engine_equals_transformers_generate(kind):
     assert engine.cache_bytes()["kv"] == 4 * 2 * 2 * 2 * 20 * 16 * 4  # layers * (K, V) * B * n_kv * Tm * d_h * fp32
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_transformer_engine_prefill_logits_match_full_forward_in_float64(kind):
+    """The baseline runs the model's own layers over its cache: chunked prefill (chunks of 4 over 11 tokens, so
+    lower-right causal masks over the cached prefix) gives the full forward's last logits to float64 rounding, and
+    the model itself, switched to the engine's attention function, still gives its own logits."""
+    model = make_base(kind, vocab_size=120).to(torch.float64)
+    ids = torch.randint(3, 120, (2, 11))
+    with torch.no_grad():
+        before = model(ids).logits[:, -1]
+    engine = TransformerEngine(model, max_batch=2, max_context=16, prefill_chunk=4)
+    got = engine.prefill(ids)
+    with torch.no_grad():
+        after = model(ids).logits[:, -1]
+    torch.testing.assert_close(got, before, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(after, before, rtol=1e-12, atol=1e-12)
+
+
 def test_decode_benchmark_then_generate_still_matches():
     """The synthetic-context decode fills the caches with noise; the next generate must not see any of it."""
     model = _model("gdn")
