@@ -7,8 +7,9 @@ lower-right causal mask, GQA without repeating K/V heads, flash on GPU).
 
 Both go through transformers' public extension points: the layers call ``past_key_values.update(k, v,
 layer_idx)``, and ``AttentionInterface.register`` + ``model.set_attn_implementation`` select the attention
-function. Called without the engine's marker keyword (any other caller of the model), that function is
-transformers' SDPA attention, so the model keeps working outside the engine.
+function (with SDPA's mask builder under the same name). Called without the engine's marker keyword (any other
+caller of the model), that function is transformers' SDPA attention, so the model keeps working outside the
+engine, padding masks included.
 
 Legend: B batch, G K/V heads, Tm max context, d head dim.
 """
@@ -16,7 +17,8 @@ Legend: B batch, G K/V heads, Tm max context, d head dim.
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hylo_bench.models.attention import prefix_causal_attention
@@ -36,6 +38,9 @@ def _prefix_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 AttentionInterface.register(ATTENTION_NAME, _prefix_attention)
+# transformers builds no mask at all for an attention name without a registered mask function, so the SDPA
+# fallback would ignore padding (a left-padded generate() decodes garbage): give it SDPA's mask.
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
 
 def use_prefix_attention(model) -> None:

@@ -138,17 +138,24 @@ def test_transformer_engine_equals_transformers_generate(kind):
 def test_transformer_engine_prefill_logits_match_full_forward_in_float64(kind):
     """The baseline runs the model's own layers over its cache: chunked prefill (chunks of 4 over 11 tokens, so
     lower-right causal masks over the cached prefix) gives the full forward's last logits to float64 rounding, and
-    the model itself, switched to the engine's attention function, still gives its own logits."""
+    the model itself, switched to the engine's attention function, still gives its own logits, padding mask
+    included (a left-padded batch, as generate() and lm-eval run it)."""
     model = make_base(kind, vocab_size=120).to(torch.float64)
     ids = torch.randint(3, 120, (2, 11))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
     with torch.no_grad():
         before = model(ids).logits[:, -1]
+        before_padded = model(ids, attention_mask=mask).logits
     engine = TransformerEngine(model, max_batch=2, max_context=16, prefill_chunk=4)
     got = engine.prefill(ids)
     with torch.no_grad():
         after = model(ids).logits[:, -1]
+        after_padded = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(got, before, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(after, before, rtol=1e-12, atol=1e-12)
+    assert (before_padded[0, -1] - before[0]).abs().max() > 1e-3  # the mask matters
+    torch.testing.assert_close(after_padded[:, 4:], before_padded[:, 4:], rtol=1e-12, atol=1e-12)
 
 
 def test_decode_benchmark_then_generate_still_matches():
