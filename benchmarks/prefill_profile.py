@@ -10,8 +10,8 @@ Records (benchmark format, ``benchmarks/results/prefill_profile.json``, rewritte
   GDN kernels and our convolutions; ``matmul_s``; ``elementwise_s``; ``other_s``), and the MLA prefill's
   attention FLOPs (``prefill_attention_flops``, :func:`hylo_bench.serving.sweep_worker.prefill_attention_flops`) over
   its measured seconds (``attention_tflop_per_s``).
-  Variants: ``pad`` (values zero-padded to the q/k width so SDPA's flash kernel runs: the default) and ``nopad``
-  (d_V = 128 < d_qk = 192: SDPA's memory-efficient kernel).
+  Variants: ``pad`` (values zero-padded to the q/k width: the default) and ``nopad`` (d_V = 128 < d_qk = 192 as
+  they are); the kernel table says which SDPA kernel ran.
 - ``benchmark: prefill_chunk_estimate``: per variant, the first and last chunk of a ``--long`` prefill (2M by
   default) timed over a synthetic cache: ``ttft_estimated_s`` = chunks x (first + last) / 2 (chunk cost grows
   linearly with the offset), ``mode: estimated``.
