@@ -389,9 +389,10 @@ def ruler(
                                 "launched processes are the workers."),
     beyond_context: bool = typer.Option(False, "--beyond-context", help="Allow lengths past the model's configured "
                                         "context (max_position_embeddings / rope scaling): length generalisation."),
-    engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), native "
-                               "(greedy through the native serving engine, continuous batching over --batch-size "
-                               "slots) or auto (native for HyLo models on CUDA)."),
+    engine: str = typer.Option("auto", "--engine", help="generate (transformers generate(), batched), static "
+                               "(generate() over a preallocated StaticCache: transformer models; compiled decode "
+                               "on CUDA), native (greedy through the native serving engine, continuous batching "
+                               "over --batch-size slots) or auto (native for HyLo models on CUDA)."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.config.units import parse_length
@@ -521,8 +522,9 @@ def eval_(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32, ..."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda (default: cuda if available)."),
     engine: str = typer.Option("auto", "--engine", help="Greedy generation (GSM8K): generate (transformers, "
-                               "batched), native (serving engine; a HyLo model's requests continuously batched "
-                               "over --batch-size slots) or auto (native for a HyLo model on CUDA)."),
+                               "batched), static (generate() over a preallocated StaticCache: transformer models), "
+                               "native (serving engine; a HyLo model's requests continuously batched over "
+                               "--batch-size slots) or auto (native for a HyLo model on CUDA)."),
     devices: int = typer.Option(1, "--devices", help="Worker processes, one per GPU (cuda:0..N-1; with --device cpu "
                                 "all on CPU): lm-eval shards the requests, rank 0 saves. torchrun works too."),
     as_json: bool = typer.Option(False, "--json", help='Print {"scores": {task: {metric: value}}} (0-100).'),

@@ -1,6 +1,7 @@
-"""Greedy decoding of RULER prompts: transformers ``generate()`` (batched, left-padded) or the native serving
-engine (:mod:`hylo_bench.decode.engine`, continuous batching for HyLo models), both cut at the first EOS and
-decoded with ``skip_special_tokens=True``, so they give the same text for the same greedy tokens.
+"""Greedy decoding of RULER prompts: transformers ``generate()`` (batched, left-padded; with ``static`` over a
+preallocated ``StaticCache``) or the native serving engine (:mod:`hylo_bench.decode.engine`, continuous batching
+for HyLo models), all cut at the first EOS and decoded with ``skip_special_tokens=True``, so they give the same
+text for the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
-ENGINES = ("auto", "generate", "native")
+ENGINES = ("auto", "generate", "static", "native")
 PREFILL_CHUNK_TOKENS = 8192
 """Prefill chunk of the native engine (bounds activation memory)."""
 CAPACITY_STEP_TOKENS = 4096
@@ -34,11 +35,44 @@ def _cut_and_decode(tokenizer: Any, tokens: list[int], eos: set[int]) -> str:
     return tokenizer.decode(tokens[:cut], skip_special_tokens=True)
 
 
-def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
+class StaticCaches:
+    """transformers ``StaticCache`` objects for ``generate()`` (engine ``static``), one per (batch, capacity) and
+    reused (reset) across calls: capacities are rounded up to :data:`CAPACITY_STEP_TOKENS`, so the batches of one
+    RULER length share one cache shape and, on CUDA, one compiled decode step (``generate()`` compiles the
+    forward of a static-cache decode step itself: ``GenerationConfig.compile_config``).
+
+    Raises (from :meth:`get`):
+        ValueError: a model whose layers are not all attention (a HyLo model: use the native engine).
+    """
+
+    def __init__(self, model: Any):
+        if is_hylo(model):
+            raise ValueError("engine 'static' (transformers' StaticCache generate) serves transformer models; a HyLo "
+                             "model decodes through engine 'native' (its latent / state caches)")
+        self.model = model
+        self.caches: dict[tuple[int, int], Any] = {}
+
+    def get(self, batch: int, tokens: int) -> Any:
+        """A reset ``StaticCache`` for ``batch`` rows of at least ``tokens`` (prompt + new) positions."""
+        from transformers import StaticCache
+
+        capacity = -(-tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
+        key = (batch, capacity)
+        if key not in self.caches:
+            self.caches.clear()  # one cache held at a time: free the old one first
+            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=capacity)
+        cache = self.caches[key]
+        cache.reset()
+        return cache
+
+
+def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int,
+                   caches: StaticCaches | None = None) -> list[str]:
     """Greedy continuations of a batch of token-id prompts through ``model.generate``, new tokens only.
 
     Prompts are left-padded to a [B, T] ``input_ids``/``attention_mask`` pair; each continuation is cut at its
-    first EOS (:func:`eos_ids`) and decoded with ``skip_special_tokens=True``.
+    first EOS (:func:`eos_ids`) and decoded with ``skip_special_tokens=True``. With ``caches`` the generation runs
+    over a preallocated ``StaticCache`` (:class:`StaticCaches`) instead of transformers' growing dynamic cache.
     """
     import torch
 
@@ -50,13 +84,15 @@ def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_
     for row, ids in enumerate(prompt_ids):
         input_ids_BT[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
         mask_BT[row, width - len(ids) :] = 1
-    with torch.inference_mode():
+    with torch.inference_mode():  # the cache's tensors are made (and reset) in inference mode
+        cache = {} if caches is None else {"past_key_values": caches.get(len(prompt_ids), width + max_new_tokens)}
         out_BT = model.generate(
             input_ids=input_ids_BT.to(device),
             attention_mask=mask_BT.to(device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
+            **cache,
         )
     eos = eos_ids(model, tokenizer)
     return [_cut_and_decode(tokenizer, row, eos) for row in out_BT[:, width:].tolist()]
@@ -73,7 +109,7 @@ def _device_type(model: Any) -> str:
 
 
 def resolve_engine(model: Any, engine: str) -> str:
-    """``generate`` or ``native``: ``auto`` picks native for a HyLo model on CUDA, generate otherwise.
+    """``generate``, ``static`` or ``native``: ``auto`` picks native for a HyLo model on CUDA, generate otherwise.
 
     Raises:
         ValueError: an unknown engine name.
@@ -176,12 +212,16 @@ class NativeDecoder:
 
 def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -> Decoder:
     """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``: ``generate`` left-pads batches of
-    ``batch_size`` prompts, ``native`` serves a HyLo model's prompts with continuous batching over ``batch_size``
+    ``batch_size`` prompts, ``static`` does the same over a preallocated ``StaticCache`` (:class:`StaticCaches`;
+    transformer models), ``native`` serves a HyLo model's prompts with continuous batching over ``batch_size``
     slots (:class:`NativeDecoder`).
 
     Raises:
-        ValueError: unknown engine, or ``native`` for a model the engine cannot serve.
+        ValueError: unknown engine, ``static`` for a HyLo model, or ``native`` for a model the engine cannot serve.
     """
-    if resolve_engine(model, engine) == "generate":
+    resolved = resolve_engine(model, engine)
+    if resolved == "generate":
         return functools.partial(generate_batch, model, tokenizer)
+    if resolved == "static":
+        return functools.partial(generate_batch, model, tokenizer, caches=StaticCaches(model))
     return NativeDecoder(model, tokenizer, batch_size)

@@ -81,9 +81,10 @@ class HyLoLM(HFLM):
         engine: greedy ``generate_until`` through ``generate`` (transformers, batched, left-padded), ``native``
             (the serving engine: prefill in chunks, CUDA-graph decode, a HyLo model's requests continuously batched
             over ``batch_size`` slots, same tokens as one at a time; much faster per token
-            than ``generate`` for a HyLo model on CUDA) or ``auto`` (native for a HyLo model on CUDA,
-            generate otherwise; :func:`hylo_bench.decode.greedy.resolve_engine`). Sampling requests always
-            use ``generate``.
+            than ``generate`` for a HyLo model on CUDA), ``static`` (``generate`` over a preallocated
+            ``StaticCache``, transformer models: :class:`hylo_bench.decode.greedy.StaticCaches`) or ``auto``
+            (native for a HyLo model on CUDA, generate otherwise; :func:`hylo_bench.decode.greedy.resolve_engine`).
+            Sampling requests always use ``generate``.
         **kwargs: passed to ``HFLM`` (e.g. ``logits_cache``, ``softmax_dtype``, ``prefix_token_id``).
 
     Raises:
@@ -144,6 +145,11 @@ class HyLoLM(HFLM):
 
         self.engine = resolve_engine(self.model, engine)
         self._native: Any = None  # NativeDecoder, built on the first native generation
+        self._static: Any = None
+        if self.engine == "static":
+            from hylo_bench.decode.greedy import StaticCaches
+
+            self._static = StaticCaches(self.model)  # raises for a HyLo model
         logger.info("generate_until engine: %s", self.engine)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # data parallel: lm-eval shards the requests by rank and gathers the results on rank 0
@@ -274,7 +280,8 @@ class HyLoLM(HFLM):
         As HFLM's, except that the budget goes to ``generate`` as ``max_new_tokens`` = ``max_length`` - T_ctx: a
         checkpoint's ``generation_config.max_new_tokens`` would otherwise take precedence over ``max_length``.
         Greedy unless the task asks for sampling; stops at the stop strings (and EOS, via ``generate``). With
-        ``engine == "native"`` greedy requests go through :meth:`_native_generate` instead.
+        ``engine == "native"`` greedy requests go through :meth:`_native_generate` instead; with ``"static"``
+        ``generate`` runs over a preallocated ``StaticCache`` (sampling requests too).
         """
         from lm_eval.models.utils_hf import stop_sequences_criteria
 
@@ -286,11 +293,16 @@ class HyLoLM(HFLM):
         if generation_kwargs.get("do_sample") is False and temperature == 0.0:
             generation_kwargs.pop("temperature")
         criteria = stop_sequences_criteria(self.tokenizer, stop, context.shape[1], context.shape[0])
-        with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
-                            enabled=self.mixed_precision_dtype is not None):
-            return self.model.generate(input_ids=context, max_new_tokens=max(1, max_length - context.shape[1]),
-                                       stopping_criteria=criteria, pad_token_id=self.tokenizer.pad_token_id,
-                                       use_cache=True, **generation_kwargs)
+        new_tokens = max(1, max_length - context.shape[1])
+        with torch.inference_mode():  # the static cache's tensors are made and reset in inference mode
+            if self._static is not None:
+                generation_kwargs["past_key_values"] = self._static.get(context.shape[0],
+                                                                        context.shape[1] + new_tokens)
+            with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                                enabled=self.mixed_precision_dtype is not None):
+                return self.model.generate(input_ids=context, max_new_tokens=new_tokens, stopping_criteria=criteria,
+                                           pad_token_id=self.tokenizer.pad_token_id, use_cache=True,
+                                           **generation_kwargs)
 
     def get_model_info(self) -> dict:
         """Parameters, dtype and our checkpoint identity; no Hub query (HFLM's asks the Hub for a SHA)."""

@@ -224,6 +224,31 @@ def test_native_engine_generate_until_equals_generate(kind, tiny_models, tiny_to
     assert cut[free.index(longest)] == longest.split(stop)[0]
 
 
+def test_static_engine_generate_until_equals_generate(tiny_models, tiny_tokenizer, monkeypatch):
+    """engine='static' (generate() over a preallocated StaticCache) gives generate()'s texts for left-padded
+    batches, stop strings included; a HyLo model is refused with the engine to use."""
+    from transformers import StaticCache
+
+    built = []
+    monkeypatch.setattr("transformers.StaticCache", lambda **kw: built.append(kw) or StaticCache(**kw))
+    model = tiny_models["llama"]
+    prompts = ["Question: Tom has 3 apples.\nAnswer:", "Hi", "A much longer prompt about the devil and his words:"]
+
+    def run(engine, until):
+        gen = {"until": until, "do_sample": False, "temperature": 0.0, "max_gen_toks": 16}
+        lm = B.HyLoLM(pretrained=model, tokenizer=tiny_tokenizer, batch_size=3, engine=engine)
+        return lm.generate_until(_instances([(p, dict(gen)) for p in prompts], "generate_until"))
+
+    free = run("static", ["\u2603"])
+    assert free == run("generate", ["\u2603"]) and sum(len(t) for t in free) > 20
+    longest = max(free, key=len)
+    stop = longest[len(longest) // 2 : len(longest) // 2 + 2]
+    assert run("static", [stop]) == run("generate", [stop])
+    assert len(built) == 2  # one StaticCache per HyLoLM: both runs' 3 prompts in one batch
+    with pytest.raises(ValueError, match="engine 'native'"):
+        B.HyLoLM(pretrained=tiny_models["hylo"], tokenizer=tiny_tokenizer, engine="static")
+
+
 def test_engine_auto_resolves_to_generate_on_cpu(tiny_models, tiny_tokenizer):
     assert B.HyLoLM(pretrained=tiny_models["hylo"], tokenizer=tiny_tokenizer).engine == "generate"
     with pytest.raises(ValueError, match="engine: expected one of"):

@@ -15,7 +15,7 @@ from hylo_bench.decode.greedy import NativeDecoder, make_decoder, resolve_engine
 from hylo_bench.models.hybrid import HyLoForCausalLM
 from hylo_bench.tasks.ruler import evaluate_model
 from tests.conftest import tiny_hybrid_config
-from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _quiet, build_small_tokenizer
+from tests.tasks.test_ruler_runner import INFO, DyingLM, _cfg, _quiet, build_small_tokenizer, tiny_llama_config
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,34 @@ def test_generate_until_stops_like_generate(tok):
     assert stopped[: full.index(stop)] == full[: full.index(stop)] and stopped[full.index(stop)] == stop
     with pytest.raises(ValueError, match="one prompt"):
         Engine(model, max_batch=2, max_context=64).generate_until(ids.repeat(2, 1), 4, set())
+
+
+def test_static_cache_predictions_equal_generate(tok, tmp_path, monkeypatch):
+    """engine='static' (generate() over a preallocated StaticCache, left-padded batches of 3 and 2 prompts) gives
+    the dynamic-cache predictions; one cache per (batch, capacity) is built and reset between batches."""
+    from transformers import LlamaForCausalLM, StaticCache
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(tok)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3)
+    built = []
+    monkeypatch.setattr("transformers.StaticCache", lambda **kw: built.append(kw) or StaticCache(**kw))
+    tasks = ["niah_single_1", "ruler_vt"]
+    runs = {}
+    for engine in ("generate", "static"):
+        runs[engine] = evaluate_model(model, tok, INFO, _cfg(tmp_path / engine, tasks=tasks, engine=engine, samples=5,
+                                                             batch_size=3), console=_quiet())
+    want, got = _predictions(tmp_path / "generate"), _predictions(tmp_path / "static")
+    assert got == want and [len(p) for p in got] == [5] * len(tasks) and all(t for p in got for t in p)
+    assert runs["static"]["scores"] == runs["generate"]["scores"]
+    assert [kw["max_cache_len"] for kw in built] == [decoding.CAPACITY_STEP_TOKENS] * 4  # (3, 2) rows per task
+    doc = json.loads(Path(runs["static"]["results_path"]).read_text())
+    assert doc["provenance"]["engine"] == "static"
+    with pytest.raises(ValueError, match="engine 'native'"):
+        make_decoder(_hylo(tok), tok, "static")
 
 
 def test_native_decoder_grows_its_cache_and_engine_selection(tok, monkeypatch):

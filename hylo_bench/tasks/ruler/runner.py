@@ -88,13 +88,14 @@ class RulerConfig:
             each decodes every N-th sample of each (task, length), rank 0 merges and scores
             (:mod:`hylo_bench.tasks.ruler.parallel`). Under ``torchrun`` (``WORLD_SIZE`` > 1) the launched
             processes are the workers and this must be 1 or ``WORLD_SIZE``.
-        engine: ``generate`` (transformers ``generate()``, batched), ``native`` (greedy through
-            :mod:`hylo_bench.decode.engine`; continuous batching over ``batch_size`` slots for HyLo models) or
-            ``auto`` (native for HyLo models on CUDA, generate otherwise); :mod:`hylo_bench.decode.greedy`.
+        engine: ``generate`` (transformers ``generate()``, batched), ``static`` (the same over a preallocated
+            ``StaticCache``, transformer models; on CUDA transformers compiles its decode step), ``native`` (greedy
+            through :mod:`hylo_bench.decode.engine`; continuous batching over ``batch_size`` slots for HyLo models)
+            or ``auto`` (native for HyLo models on CUDA, generate otherwise); :mod:`hylo_bench.decode.greedy`.
         backend: ``native`` (hylo-bench's generators, scorer and decoding: everything above) or ``lm-eval``
             (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
             :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports
-            neither ``resume``, ``devices`` > 1, ``engine="native"`` nor ``strip_think``.
+            neither ``resume``, ``devices`` > 1, ``engine="native"`` / ``"static"`` nor ``strip_think``.
     """
 
     model: str
@@ -172,8 +173,8 @@ class RulerConfig:
                        "flavor (use --flavor lm-eval or leave it out)"),
             "resume": (self.resume, "--resume (lm-eval decodes every (task, length) afresh)"),
             "devices": (self.devices != 1, f"--devices {self.devices} (one process only)"),
-            "engine": (self.engine == "native", "--engine native (decoding goes through lm-eval's HFLM "
-                       "generate_until; use auto or generate)"),
+            "engine": (self.engine in ("native", "static"), f"--engine {self.engine} (decoding goes through "
+                       "lm-eval's HFLM generate_until; use auto or generate)"),
             "strip_think": (self.strip_think, "--strip-think (lm-eval scores the raw generations)"),
         }
         bad = [why for flag, why in unsupported.values() if flag]
