@@ -4,11 +4,16 @@ Both models are built from their configs with random bf16 weights (speed and mem
 values; with random weights no answer stops early, so every sample decodes its task's full ``max_gen_toks``:
 an upper bound on time). Prompts come from the real RULER pipeline (``hylo_bench.tasks.ruler``) sized with the
 demo tokenizer (prompt lengths are what matter), generated once and shared by both models (same cache, same
-prompts). Each (model, length) is timed around ``evaluate_model`` (prefill + greedy decode + scoring, batch 1).
+prompts). Each (model, engine, length) is timed around ``evaluate_model`` (prefill + greedy decode + scoring, at
+``--batch-size``: the hybrid's continuous-batching slots, the transformer's left-padded ``generate()`` batch). The
+transformer runs once per ``--transformer-engines`` entry (``generate``: dynamic cache, eager; ``static``: a
+preallocated ``StaticCache``, whose decode step transformers compiles on CUDA). A model's first point includes
+its one-time costs (CUDA-graph capture, compilation).
 
 Writes benchmarks/results/ruler_throughput.json (one record per model and length: ``samples_per_s``,
 ``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom) after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
+(``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
 
 from __future__ import annotations
@@ -78,8 +83,10 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/ruler-throughput")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ruler_throughput.json"))
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new points after this many seconds")
-    ap.add_argument("--engine", default="auto", help="ruler --engine for both models (auto: native engine for the "
-                    "hybrid on CUDA, transformers generate() for the transformer)")
+    ap.add_argument("--engine", default="auto", help="ruler --engine for the hybrid (auto: the native engine on CUDA)")
+    ap.add_argument("--transformer-engines", default="generate,static",
+                    help="ruler --engine values for the transformer, comma-separated, one record each ('' = none)")
+    ap.add_argument("--batch-size", type=int, default=1, help="ruler --batch-size for every point")
     args = ap.parse_args()
     t_start = time.perf_counter()
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -100,21 +107,24 @@ def main() -> None:
                              cache_dir=work / "cache", tok_hash=tokenizer_hash(tok))
         doc.setdefault("sample_generation_s", {})[str(length)] = round(time.perf_counter() - t0, 3)
         print(f"samples at {length}: {time.perf_counter() - t0:.1f} s", flush=True)
-    for build in (build_hybrid, build_transformer):
+    transformer_engines = [e for e in args.transformer_engines.split(",") if e]
+    plan = [(build_hybrid, [args.engine])] + ([(build_transformer, transformer_engines)] if transformer_engines else [])
+    for build, engines in plan:
         model, info = build()
-        for length in lengths:
+        for engine, length in ((e, n) for e in engines for n in lengths):
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
+                                       "engine": engine, "batch_size": args.batch_size,
                                        "status": "skipped_time_budget"})
                 write_result(Path(args.out), doc)
                 continue
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
-                              results_dir=str(work), device="cuda", engine=args.engine)
+                              results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": 1,
-                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, args.engine)}
+            rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
+                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine)}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()
