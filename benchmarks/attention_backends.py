@@ -15,8 +15,9 @@ needs about 630 TFLOP/s on this attention). Each point times ``F.scaled_dot_prod
 Records (``benchmark: attention_backends``): ``backend``, ``mask``, ``gqa``, ``pad_values``, ``seq_len`` (S),
 ``chunk`` (T), ``time_s`` (median of ``--repeats`` CUDA-event timings after one warm-up), ``attention_flops``
 (2 T S_eff H (d_qk + d_V), S_eff the mean keys a query sees), ``tflop_per_s``, ``status`` (``ok`` or
-``unsupported`` with the error's first line), and on CUDA ``kernel``: the longest-running kernel of one profiled
-call, so a record says what ran even where the back-end switch does not bind. Rewritten after every point.
+``unsupported`` / ``oom`` with the error's first line), and on CUDA ``kernel``: the longest-running kernel of
+one profiled call, so a record says what ran even where the back-end switch does not bind. Rewritten after every
+point.
 
 Usage (H200, about a minute): ``python benchmarks/attention_backends.py --out $OUT/attention_backends.json``
 CPU check (tiny shapes, the math back end): ``python benchmarks/attention_backends.py --tiny --out /tmp/a.json``
@@ -98,6 +99,8 @@ def run_point(backend: str, mask: str, gqa: bool, pad: bool, T: int, S: int, sha
                     rec["kernel"] = max(kernels, key=lambda e: e.time_range.elapsed_us()).name[:160]
         secs = statistics.median(times)
         rec.update(time_s=secs, tflop_per_s=rec["attention_flops"] / secs / 1e12, status="ok")
+    except torch.OutOfMemoryError as exc:
+        rec.update(status="oom", error=(str(exc).strip().splitlines() or ["OutOfMemoryError"])[0][:300])
     except RuntimeError as exc:  # a back end that refuses these inputs says so in a RuntimeError
         rec.update(status="unsupported", error=str(exc).strip().splitlines()[0][:300])
     finally:

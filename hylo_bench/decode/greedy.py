@@ -36,13 +36,14 @@ def _cut_and_decode(tokenizer: Any, tokens: list[int], eos: set[int]) -> str:
 
 
 class StaticCaches:
-    """transformers ``StaticCache`` objects for ``generate()`` (engine ``static``), one per (batch, capacity) and
-    reused (reset) across calls: capacities are rounded up to :data:`CAPACITY_STEP_TOKENS`, so the batches of one
-    RULER length share one cache shape and, on CUDA, one compiled decode step (``generate()`` compiles the
-    forward of a static-cache decode step itself: ``GenerationConfig.compile_config``).
+    """The transformers ``StaticCache`` that ``generate()`` runs over (engine ``static``), held one at a time and
+    reset between calls while the batch size and capacity stay the same: capacities are rounded up to
+    :data:`CAPACITY_STEP_TOKENS`, so the batches of one RULER length share one cache shape and, on CUDA, one
+    compiled decode step (``generate()`` compiles the forward of a static-cache decode step itself:
+    ``GenerationConfig.compile_config``).
 
-    Raises (from :meth:`get`):
-        ValueError: a model whose layers are not all attention (a HyLo model: use the native engine).
+    Raises:
+        ValueError: a HyLo model (its latent / state caches are the native engine's).
     """
 
     def __init__(self, model: Any):
@@ -50,20 +51,20 @@ class StaticCaches:
             raise ValueError("engine 'static' (transformers' StaticCache generate) serves transformer models; a HyLo "
                              "model decodes through engine 'native' (its latent / state caches)")
         self.model = model
-        self.caches: dict[tuple[int, int], Any] = {}
+        self.key: tuple[int, int] | None = None
+        self.cache: Any = None
 
     def get(self, batch: int, tokens: int) -> Any:
-        """A reset ``StaticCache`` for ``batch`` rows of at least ``tokens`` (prompt + new) positions."""
+        """A reset ``StaticCache`` for ``batch`` rows of at least ``tokens`` (prompt + new) positions; call it in
+        inference mode (the cache's tensors are made there)."""
         from transformers import StaticCache
 
-        capacity = -(-tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
-        key = (batch, capacity)
-        if key not in self.caches:
-            self.caches.clear()  # one cache held at a time: free the old one first
-            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=capacity)
-        cache = self.caches[key]
-        cache.reset()
-        return cache
+        key = (batch, -(-tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS)
+        if key != self.key:
+            self.cache = None  # free the old cache before allocating the new one
+            self.cache, self.key = StaticCache(config=self.model.config, max_cache_len=key[1]), key
+        self.cache.reset()
+        return self.cache
 
 
 def generate_batch(model: Any, tokenizer: Any, prompt_ids: list[list[int]], max_new_tokens: int,

@@ -45,8 +45,8 @@ def prefix_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     The chunk's T queries sit at positions ``start .. start + T - 1``; the S = start + T keys at ``0 .. S - 1``,
     so query t sees keys ``0 .. start + t`` (a lower-right aligned causal mask). On GPU, values narrower than
     the query/key width are zero-padded to it (``pad_values``), as :func:`causal_attention` does, for SDPA builds
-    whose flash kernel needs equal widths; the padded output columns are exactly zero and dropped. With torch 2.11
-    on the H200 a 64K 7MLA21GDN prefill timed the same either way (``benchmarks/prefill_profile.py``: 1.25 s).
+    whose flash kernel needs equal widths; the padded output columns are exactly zero and dropped. Whether it pays
+    depends on the SDPA build: ``benchmarks/prefill_profile.py`` times both.
 
     Args:
         q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V], d_V <= d_qk. G divides H.
