@@ -25,7 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from hylo_bench.decode.fused import Prologue, merge_linears, project
 from hylo_bench.kernels.mla_decode import CHOICE as MLA_DECODE_CHOICE
 from hylo_bench.kernels.mla_decode.ops import mla_decode_op, mla_decode_prep_op, mla_value_up_op
-from hylo_bench.models.attention import prefix_causal_attention
+from hylo_bench.kernels.prefix_attention import prefix_attention
 from hylo_bench.models.rope import rope_interleaved
 
 
@@ -83,7 +83,7 @@ class MLAServing:
         if decode_backend == "auto":  # resolved once here, so a traced decode step sees a constant
             decode_backend, reason = MLA_DECODE_CHOICE.choose(w.device, w.dtype)
             MLA_DECODE_CHOICE.log(decode_backend, reason)
-        self.prefill_pad_values = True  # chunked prefill: values padded to the q/k width for flash (see attention)
+        self.prefill_pad_values = True  # chunked prefill on the sdpa back end: V padded to the q/k width for flash
         self.decode_backend = decode_backend
         # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs, for
         # LlamaRMSNorm-style norms and the query through q_b_proj (no bias) or a merged q_proj
@@ -140,8 +140,8 @@ class MLAServing:
         """Process tokens at positions ``start .. start + T - 1`` (same for every row), writing their cache rows.
 
         Keys and values of the whole prefix are decompressed from the cache (transient [B, G, S, N + P] and
-        [B, G, S, V]); attention is SDPA with a lower-right causal mask (flash / memory-efficient kernels on GPU,
-        GQA without repeating KV heads). Never materialises [T, S] scores on GPU.
+        [B, G, S, V]); attention is lower-right causal (:func:`hylo_bench.kernels.prefix_attention.prefix_attention`:
+        cuDNN or flash kernels on GPU, GQA without repeating KV heads). Never materialises [T, S] scores on GPU.
 
         Args:
             x: [B, T, D] normalised layer input. slot: this layer's cache. start: tokens already cached.
@@ -168,7 +168,7 @@ class MLAServing:
         if ks is not None:
             k.mul_(slot.key_scale[:B, :S].transpose(1, 2)[..., None])  # in place: k is a fresh [B, G, S, N + P]
         q = torch.cat([q_nope, q_pe], dim=-1)
-        out = prefix_causal_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values)
+        out = prefix_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values)
         return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
 
     def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor,

@@ -2,8 +2,8 @@
 baseline :class:`hylo_bench.decode.engine.TransformerEngine`), as gpt-fast's ``KVCache``: the layers run
 unchanged (norms, projections, Qwen3 q/k norms, RoPE, MLP, residuals); the cache object they are handed writes
 each chunk's keys and values in place and returns the filled prefix, and the attention function the model is
-switched to attends a chunk over that prefix (:func:`hylo_bench.models.attention.prefix_causal_attention`:
-lower-right causal mask, GQA without repeating K/V heads, flash on GPU).
+switched to attends a chunk over that prefix (:func:`hylo_bench.kernels.prefix_attention.prefix_attention`:
+lower-right causal mask, GQA without repeating K/V heads; cuDNN or flash on GPU).
 
 Both go through transformers' public extension points: the layers call ``past_key_values.update(k, v,
 layer_idx)``, and ``AttentionInterface.register`` + ``model.set_attn_implementation`` select the attention
@@ -21,7 +21,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from hylo_bench.models.attention import prefix_causal_attention
+from hylo_bench.kernels.prefix_attention import prefix_attention
 
 ATTENTION_NAME = "hylo_prefix_sdpa"
 START_KWARG = "hylo_prefix_start"  # the engine's marker: tokens already cached before this chunk
@@ -33,7 +33,7 @@ def _prefix_attention(module, query, key, value, attention_mask, scaling=None, d
     if start is None:
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
                                                dropout=dropout, **kwargs)
-    out = prefix_causal_attention(query, key, value, scaling, start)
+    out = prefix_attention(query, key, value, scaling, start)
     return out.transpose(1, 2), None
 
 

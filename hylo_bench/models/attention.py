@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from hylo_bench.models.varlen import document_index
 
@@ -24,49 +23,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, d_qk - d_v)), is_causal=True, scale=scale)
         return out[..., :d_v]
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-
-
-def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether SDPA's flash kernel takes these (GQA) inputs; without it a lower-right mask or repeated K/V heads
-    are the fallbacks. q: [B, H, T, d]; k, v: [B, G, S, d]."""
-    from torch.backends.cuda import SDPAParams, can_use_flash_attention
-
-    try:
-        return bool(can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True)))
-    except (TypeError, RuntimeError):  # older SDPAParams signature
-        return False
-
-
-def prefix_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
-                            pad_values: bool = True) -> torch.Tensor:
-    """Causal attention of a chunk over a cached prefix plus itself (chunked prefill), GQA without repeating K/V
-    heads where the kernel allows it.
-
-    The chunk's T queries sit at positions ``start .. start + T - 1``; the S = start + T keys at ``0 .. S - 1``,
-    so query t sees keys ``0 .. start + t`` (a lower-right aligned causal mask). On GPU, values narrower than
-    the query/key width are zero-padded to it (``pad_values``), as :func:`causal_attention` does, for SDPA builds
-    whose flash kernel needs equal widths; the padded output columns are exactly zero and dropped. Whether it pays
-    depends on the SDPA build: ``benchmarks/prefill_profile.py`` times both.
-
-    Args:
-        q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V], d_V <= d_qk. G divides H.
-        scale: softmax scale. start: S - T, tokens already cached (>= 0).
-
-    Returns:
-        [B, H, T, d_V].
-    """
-    d_qk, d_v = q.shape[-1], v.shape[-1]
-    if q.is_cuda and pad_values and d_v < d_qk:
-        v = F.pad(v, (0, d_qk - d_v))
-    gqa = k.shape[1] != q.shape[1]
-    T, S = q.shape[-2], k.shape[-2]
-    if gqa and T > 1 and q.is_cuda and not flash_gqa_supported(q, k, v):
-        rep = q.shape[1] // k.shape[1]  # no flash for these inputs: repeat K/V heads (memory-efficient kernel)
-        k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-    mask = None if (start == 0 or T == 1) else causal_lower_right(T, S)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0 and T > 1, scale=scale,
-                                         enable_gqa=gqa)
-    return out[..., :d_v]
 
 
 def left_padding(mask_BT: torch.Tensor) -> list[int] | None:

@@ -1,5 +1,6 @@
 """benchmarks/attention_backends.py: its attention FLOP count equals a per-query count of the keys each mask lets a
-query see, and the --tiny CPU run writes one flat record per (mask, GQA, padding) with the math back end."""
+query see, and the --tiny CPU run writes one flat record per (mask, GQA, padding) with the math back end, plus the
+engine's own prefill attention (``prefix:sdpa``: lower-right mask, GQA) per padding."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def test_tiny_run_writes_flat_records(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "attention_backends" and doc["device"] == "cpu"
     recs = doc["records"]
-    assert len(recs) == 3 * 4 and {r["status"] for r in recs} == {"ok"}
+    assert len(recs) == 3 * 4 + 2 and {r["status"] for r in recs} == {"ok"}
     assert all(not isinstance(v, (dict, list)) for r in recs for v in r.values())
-    assert {(r["mask"], r["gqa"], r["pad_values"]) for r in recs} == {
+    assert {(r["mask"], r["gqa"], r["pad_values"]) for r in recs if r["backend"] == "math"} == {
         (m, g, p) for m in ("lower_right", "none", "causal") for g in (True, False) for p in (True, False)}
+    assert {(r["mask"], r["gqa"], r["pad_values"]) for r in recs if r["backend"] == "prefix:sdpa"} == {
+        ("lower_right", True, True), ("lower_right", True, False)}
     for r in recs:
         assert r["tflop_per_s"] == pytest.approx(r["attention_flops"] / r["time_s"] / 1e12)

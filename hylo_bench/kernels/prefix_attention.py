@@ -1,0 +1,241 @@
+"""Chunked-prefill attention: T chunk queries over a cached prefix plus themselves, with back ends.
+
+The chunk's queries sit at positions ``start .. start + T - 1``, the S = start + T keys at ``0 .. S - 1``: query t
+sees keys ``0 .. start + t`` (a lower-right aligned causal mask). Back ends (kernel registry choice
+``prefix_attention``, ``$HYLO_BENCH_PREFIX_ATTENTION_BACKEND``):
+
+- ``"sdpa"`` (:func:`sdpa_prefix_attention`, any device): one ``F.scaled_dot_product_attention`` call with torch's
+  lower-right ``CausalBias``. torch runs that mask on its flash or memory-efficient kernels only.
+- ``"cudnn_split"`` (:func:`split_prefix_attention` over :func:`cudnn_attend`, CUDA): the chunk over the prefix
+  with no mask, plus the chunk over itself with a causal mask, as two cuDNN attention calls. Their outputs are
+  merged by their log-sum-exps (:func:`merge_partial_attention`, the merge of split-KV / ring attention). On an
+  H200, one 16K chunk at the 7MLA21GDN shapes ran at about 600 TFLOP/s this way, against about 265 TFLOP/s for
+  the flash kernel with the lower-right mask (``benchmarks/results/attention_backends.json``).
+
+"auto" picks ``cudnn_split`` on a CUDA build with cuDNN 9 for bf16 / fp16 inputs whose head dims cuDNN takes,
+``sdpa`` otherwise. If cuDNN refuses a shape at run time, "auto" falls back to ``sdpa`` and logs why; an explicit
+``backend="cudnn_split"`` raises instead.
+
+Why a private op: torch's public SDPA returns no log-sum-exp, and it never sends a lower-right causal mask to
+cuDNN (its cuDNN causal mask is top-left; pytorch/pytorch#193630 adds bottom-right alignment to the private cuDNN
+ops). :func:`cudnn_attend` is the one place that calls ``torch.ops.aten._scaled_dot_product_cudnn_attention``, as
+torch's own context-parallel attention does; ``tests/kernels/test_prefix_attention.py`` checks the split and the
+merge on CPU against the masked reference, and on CUDA the cuDNN path against ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from hylo_bench.kernels.registry import KernelChoice, register
+
+__all__ = ["cudnn_attend", "math_attend", "merge_partial_attention", "prefix_attention", "sdpa_prefix_attention",
+           "select_prefix_attention_backend", "split_prefix_attention"]
+
+logger = logging.getLogger(__name__)
+BACKENDS = ("auto", "sdpa", "cudnn_split")
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def flash_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether SDPA's flash kernel takes these (GQA) inputs; without it a lower-right mask or repeated K/V heads
+    are the fallbacks. q: [B, H, T, d]; k, v: [B, G, S, d]."""
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    try:
+        return bool(can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True)))
+    except (TypeError, RuntimeError):  # older SDPAParams signature
+        return False
+
+
+def sdpa_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+                          pad_values: bool = True) -> torch.Tensor:
+    """The chunk's attention in one SDPA call with a lower-right causal mask, GQA without repeating K/V heads
+    where the kernel allows it.
+
+    On GPU, values narrower than the query/key width are zero-padded to it (``pad_values``) for SDPA builds whose
+    flash kernel needs equal widths; the padded output columns are exactly zero and dropped.
+
+    Args:
+        q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V], d_V <= d_qk. G divides H.
+        scale: softmax scale. start: S - T, tokens already cached (>= 0).
+
+    Returns:
+        [B, H, T, d_V].
+    """
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if q.is_cuda and pad_values and d_v < d_qk:
+        v = F.pad(v, (0, d_qk - d_v))
+    gqa = k.shape[1] != q.shape[1]
+    T, S = q.shape[-2], k.shape[-2]
+    if gqa and T > 1 and q.is_cuda and not flash_gqa_supported(q, k, v):
+        rep = q.shape[1] // k.shape[1]  # no flash for these inputs: repeat K/V heads (memory-efficient kernel)
+        k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+    mask = None if (start == 0 or T == 1) else causal_lower_right(T, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0 and T > 1, scale=scale,
+                                         enable_gqa=gqa)
+    return out[..., :d_v]
+
+
+def math_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and its log-sum-exp from explicit scores (the reference for :func:`cudnn_attend`; O(T S) memory).
+
+    Args:
+        q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V]. G divides H. causal: top-left causal mask
+            (query t sees keys 0 .. t; used with T == S). scale: softmax scale.
+
+    Returns:
+        (out [B, H, T, d_V] in q's dtype, lse [B, H, T, 1] float32, float64 for float64 inputs).
+    """
+    rep = q.shape[1] // k.shape[1]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    k, v = k.repeat_interleave(rep, dim=1).to(acc), v.repeat_interleave(rep, dim=1).to(acc)
+    s = (q.to(acc) @ k.transpose(-1, -2)) * scale
+    if causal:
+        T, S = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(T, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return (torch.exp(s - lse) @ v).to(q.dtype), lse
+
+
+def cudnn_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN attention and its log-sum-exp (``torch.ops.aten._scaled_dot_product_cudnn_attention``; see the
+    module docstring for why a private op). Shapes and result as :func:`math_attend`; CUDA bf16 / fp16 only.
+
+    Raises:
+        RuntimeError: cuDNN does not take these inputs (torch's message), or it returned no log-sum-exp of the
+            expected size.
+    """
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                  scale=scale)[:2]
+    if lse.numel() != out[..., :1].numel():
+        raise RuntimeError(f"cuDNN attention returned a log-sum-exp of shape {tuple(lse.shape)} for output "
+                           f"{tuple(out.shape)}")
+    return out, lse.reshape(*out.shape[:-1], 1)
+
+
+def merge_partial_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                            lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets from each set's normalised output and log-sum-exp:
+    ``(exp(lse_a) out_a + exp(lse_b) out_b) / (exp(lse_a) + exp(lse_b))``, computed around the larger of the two
+    (the split-KV merge of flash-decoding; Dao et al. 2023). A row whose set is empty (lse = -inf) takes the other.
+
+    Args:
+        out_a, out_b: [..., T, d]. lse_a, lse_b: [..., T, 1].
+
+    Returns:
+        [..., T, d] in out_a's dtype (the arithmetic in float32, float64 for float64 inputs).
+    """
+    acc = torch.float64 if out_a.dtype == torch.float64 else torch.float32
+    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
+    m = torch.maximum(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    return ((out_a.to(acc) * w_a + out_b.to(acc) * w_b) / (w_a + w_b)).to(out_a.dtype)
+
+
+def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+                           attend: Attend = cudnn_attend) -> torch.Tensor:
+    """The chunk's attention as an unmasked part (the chunk over the ``start`` prefix keys) and a causal part
+    (the chunk over its own T keys), merged by :func:`merge_partial_attention`; one ``attend`` call where a part
+    is empty (``start == 0``, or T == 1: no mask at all).
+
+    Args:
+        q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V]. G divides H. scale: softmax scale.
+        start: S - T (>= 0). attend: (q, k, v, causal, scale) -> (out, lse), as :func:`cudnn_attend`.
+
+    Returns:
+        [B, H, T, d_V].
+
+    Raises:
+        ValueError: ``start`` is not S - T.
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    if start != S - T:
+        raise ValueError(f"start={start} but the keys hold {S} tokens for a {T}-token chunk (expected {S - T})")
+    if T == 1 or start == 0:
+        return attend(q, k, v, T > 1, scale)[0]
+    out_a, lse_a = attend(q, k[:, :, :start], v[:, :, :start], False, scale)
+    out_b, lse_b = attend(q, k[:, :, start:], v[:, :, start:], True, scale)
+    return merge_partial_attention(out_a, lse_a, out_b, lse_b)
+
+
+@functools.cache
+def _cudnn_ready(device: torch.device) -> str:
+    """Why cuDNN attention cannot run on ``device`` ("" when it can)."""
+    if device.type != "cuda":
+        return f"device {device.type}"
+    if torch.version.hip is not None:
+        return "ROCm build"
+    if not torch.backends.cudnn.is_available() or (torch.backends.cudnn.version() or 0) < 90000:
+        return "cuDNN 9 not available"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "GPU older than sm80"
+    if not hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
+        return "this torch has no cuDNN attention op"
+    return ""
+
+
+def select_prefix_attention_backend(device: torch.device, dtype: torch.dtype, d_qk: int,
+                                    d_v: int) -> tuple[str, str]:
+    """("sdpa" | "cudnn_split", reason) for backend="auto"."""
+    why = _cudnn_ready(device)
+    if why:
+        return "sdpa", why
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa", f"{dtype} inputs"
+    if d_qk > 256 or d_v > 256 or d_qk % 8 or d_v % 8:
+        return "sdpa", f"head dims {d_qk}/{d_v} (cuDNN takes multiples of 8 up to 256)"
+    return "cudnn_split", "cuDNN attention, prefix and diagonal merged by log-sum-exp"
+
+
+CHOICE = register(KernelChoice("prefix_attention", "prefill attention backend", ("cudnn_split", "sdpa"),
+                               select_prefix_attention_backend))
+
+
+@functools.cache
+def _log_fallback(reason: str) -> None:
+    logger.warning("prefill attention backend: sdpa (cuDNN refused the inputs: %s)", reason)
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+                     pad_values: bool = True, backend: str = "auto") -> torch.Tensor:
+    """Causal attention of a chunk over a cached prefix plus itself (chunked prefill; module docstring).
+
+    Args:
+        q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V], d_V <= d_qk. G divides H.
+        scale: softmax scale. start: S - T, tokens already cached (>= 0).
+        pad_values: for ``sdpa`` on GPU, zero-pad V to the q/k width (:func:`sdpa_prefix_attention`).
+        backend: "auto", "sdpa" or "cudnn_split".
+
+    Returns:
+        [B, H, T, d_V].
+
+    Raises:
+        ValueError: unknown backend; "cudnn_split" where cuDNN attention cannot run (the reason named).
+        RuntimeError: "cudnn_split" asked for explicitly and cuDNN refused the inputs.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    explicit = backend != "auto"
+    if not explicit:
+        backend, reason = CHOICE.choose(q.device, q.dtype, q.shape[-1], v.shape[-1])
+        CHOICE.log(backend, reason)
+    if backend == "cudnn_split":
+        why = _cudnn_ready(q.device)
+        if why:
+            raise ValueError(f"prefill attention backend cudnn_split cannot run here: {why}; use 'sdpa'")
+        try:
+            return split_prefix_attention(q, k, v, scale, start)
+        except RuntimeError as exc:
+            if explicit or CHOICE.override() is not None:
+                raise
+            _log_fallback(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return sdpa_prefix_attention(q, k, v, scale, start, pad_values=pad_values)

@@ -1,0 +1,105 @@
+"""Chunked-prefill attention (hylo_bench.kernels.prefix_attention): the split into an unmasked prefix part and a
+causal diagonal part, merged by log-sum-exp, equals lower-right causal attention computed another way (a float64
+loop over queries); every back end agrees; cuDNN is refused where it cannot run; on CUDA the cuDNN split equals
+the SDPA path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hylo_bench.kernels.prefix_attention import (
+    cudnn_attend,
+    math_attend,
+    merge_partial_attention,
+    prefix_attention,
+    sdpa_prefix_attention,
+    select_prefix_attention_backend,
+    split_prefix_attention,
+)
+
+
+def _loop_reference(q, k, v, scale, start):
+    """Query t of the chunk attends keys 0 .. start + t: softmax over an explicit float64 slice, one query at a
+    time. q [B, H, T, d]; k, v [B, G, S, d] -> [B, H, T, d_v] float64."""
+    B, H, T, _ = q.shape
+    rep = H // k.shape[1]
+    out = torch.zeros(B, H, T, v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                keys, vals = k[b, h // rep, : start + t + 1].double(), v[b, h // rep, : start + t + 1].double()
+                w = torch.softmax(keys @ q[b, h, t].double() * scale, dim=0)
+                out[b, h, t] = w @ vals
+    return out
+
+
+def _inputs(B, H, G, T, S, d_qk, d_v, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)  # noqa: E731
+    return mk(B, H, T, d_qk), mk(B, G, S, d_qk), mk(B, G, S, d_v)
+
+
+@pytest.mark.parametrize("T,S", [(5, 12), (6, 6), (1, 9), (4, 5)])
+def test_split_and_merge_equal_lower_right_causal_attention(T, S):
+    q, k, v = _inputs(2, 4, 2, T, S, 8, 6)
+    scale = 1 / math.sqrt(8)
+    ref = _loop_reference(q, k, v, scale, S - T)
+    split = split_prefix_attention(q, k, v, scale, S - T, attend=math_attend)
+    assert torch.allclose(split, ref, atol=1e-12, rtol=0)
+    sdpa = sdpa_prefix_attention(q, k, v, scale, S - T)
+    assert torch.allclose(sdpa, ref, atol=1e-12, rtol=0)
+    assert torch.allclose(prefix_attention(q, k, v, scale, S - T), ref, atol=1e-12, rtol=0)  # auto -> sdpa on CPU
+
+
+def test_math_attend_log_sum_exp_is_the_scores_log_normaliser():
+    q, k, v = _inputs(1, 2, 1, 3, 7, 4, 4)
+    out, lse = math_attend(q, k, v, False, 0.5)
+    s = q[0, 1] @ k[0, 0].T * 0.5
+    assert lse.shape == (1, 2, 3, 1)
+    assert torch.allclose(lse[0, 1, :, 0], torch.log(torch.exp(s).sum(-1)), atol=1e-12)
+    assert torch.allclose(out[0, 1], torch.softmax(s, -1) @ v[0, 0], atol=1e-12)
+
+
+def test_merge_takes_the_other_part_where_one_key_set_is_empty():
+    out_a, out_b = torch.randn(1, 1, 3, 2, dtype=torch.float64), torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    lse_a = torch.tensor([[[[0.3], [float("-inf")], [2.0]]]], dtype=torch.float64)
+    lse_b = torch.tensor([[[[float("-inf")], [1.0], [2.0]]]], dtype=torch.float64)
+    out = merge_partial_attention(out_a, lse_a, out_b, lse_b)
+    assert torch.equal(out[0, 0, 0], out_a[0, 0, 0]) and torch.equal(out[0, 0, 1], out_b[0, 0, 1])
+    assert torch.allclose(out[0, 0, 2], (out_a[0, 0, 2] + out_b[0, 0, 2]) / 2, atol=1e-15)
+
+
+def test_split_refuses_a_start_that_does_not_match_the_keys():
+    q, k, v = _inputs(1, 2, 2, 3, 8, 4, 4)
+    with pytest.raises(ValueError, match=r"start=4 but the keys hold 8 tokens for a 3-token chunk \(expected 5\)"):
+        split_prefix_attention(q, k, v, 1.0, 4, attend=math_attend)
+
+
+def test_cudnn_split_is_refused_off_cuda_and_unknown_backends_are_named():
+    q, k, v = _inputs(1, 2, 2, 3, 8, 4, 4, dtype=torch.bfloat16)
+    assert select_prefix_attention_backend(torch.device("cpu"), torch.bfloat16, 128, 128) == ("sdpa", "device cpu")
+    with pytest.raises(ValueError, match="cudnn_split cannot run here: device cpu; use 'sdpa'"):
+        prefix_attention(q, k, v, 1.0, 5, backend="cudnn_split")
+    with pytest.raises(ValueError, match=r"backend='flash'; expected one of \('auto', 'sdpa', 'cudnn_split'\)"):
+        prefix_attention(q, k, v, 1.0, 5, backend="flash")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("T,S,d_qk,d_v", [(256, 1024, 128, 128), (200, 1000, 192, 128), (300, 300, 128, 128),
+                                          (1, 777, 128, 128)])
+def test_cudnn_split_matches_sdpa_and_float64_on_cuda(T, S, d_qk, d_v):
+    assert select_prefix_attention_backend(torch.device("cuda"), torch.bfloat16, d_qk, d_v)[0] == "cudnn_split"
+    q, k, v = _inputs(2, 16, 8, T, S, d_qk, d_v, dtype=torch.bfloat16, device="cuda")
+    scale = 1 / math.sqrt(d_qk)
+    ref = split_prefix_attention(q.double(), k.double(), v.double(), scale, S - T, attend=math_attend)
+    cud = prefix_attention(q, k, v, scale, S - T, backend="cudnn_split")
+    sdpa = prefix_attention(q, k, v, scale, S - T, backend="sdpa")
+    err_cudnn, err_sdpa = (cud.double() - ref).abs().max().item(), (sdpa.double() - ref).abs().max().item()
+    assert err_cudnn < 2e-2 and err_cudnn <= 2 * err_sdpa + 1e-3, (err_cudnn, err_sdpa)
+    out, lse = cudnn_attend(q, k[:, :, : S - T or S], v[:, :, : S - T or S], False, scale)
+    _, lse_ref = math_attend(q.double(), k[:, :, : S - T or S].double(), v[:, :, : S - T or S].double(), False, scale)
+    assert lse.dtype == torch.float32 and torch.allclose(lse.double(), lse_ref, atol=2e-2)
