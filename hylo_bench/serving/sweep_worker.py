@@ -48,16 +48,17 @@ def memory_model_gib(model, info: dict[str, Any], batch: int, tokens: int) -> di
 
 
 def prefill_attention_flops(config, batch: int, tokens: int) -> float:
-    """FLOPs of the prefill's attention scores and weighted values: ``B * 2 * T^2 * (d_qk + d_v) * n_heads`` per
-    attention layer (the causal half of ``4 * T^2 * d`` per head). HyLo: its MLA layers (``qk_head_dim``,
-    ``v_head_dim``); a transformer: every layer, ``d_qk = d_v = head_dim``. The linear layers' cost is linear in T
-    and not counted; this is what makes long prefills slow."""
-    T2 = float(tokens) * tokens
+    """FLOPs of the prefill's attention scores and weighted values under the causal mask: query t sees t + 1 keys,
+    so ``B * 2 * T (T + 1) / 2 * (d_qk + d_v) * n_heads`` per attention layer (2 FLOPs per multiply-add; softmax
+    not counted). HyLo: its MLA layers (``qk_head_dim``, ``v_head_dim``); a transformer: every layer,
+    ``d_qk = d_v = head_dim``. The linear layers' cost is linear in T and not counted; this is what makes long
+    prefills slow."""
+    pairs = float(tokens) * (tokens + 1) / 2
     if hasattr(config, "mixer_types"):
-        per_layer = 2.0 * T2 * (config.qk_head_dim + config.v_head_dim) * config.num_attention_heads
+        per_layer = 2.0 * pairs * (config.qk_head_dim + config.v_head_dim) * config.num_attention_heads
         return batch * per_layer * len(config.mla_layers)
     d_h = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return batch * 2.0 * T2 * 2 * d_h * config.num_attention_heads * config.num_hidden_layers
+    return batch * 2.0 * pairs * 2 * d_h * config.num_attention_heads * config.num_hidden_layers
 
 
 def _hf_generate_timed(model, ids, steps: int):
