@@ -1,4 +1,5 @@
-"""Chunked-prefill attention: T chunk queries over a cached prefix plus themselves, with back ends.
+"""Chunked-prefill attention: T chunk queries over a cached prefix plus themselves, with back ends (kernels.md
+§10.1).
 
 The chunk's queries sit at positions ``start .. start + T - 1``, the S = start + T keys at ``0 .. S - 1``: query t
 sees keys ``0 .. start + t`` (a lower-right aligned causal mask). Back ends (kernel registry choice
@@ -8,9 +9,9 @@ sees keys ``0 .. start + t`` (a lower-right aligned causal mask). Back ends (ker
   lower-right ``CausalBias``. torch runs that mask on its flash or memory-efficient kernels only.
 - ``"cudnn_split"`` (:func:`split_prefix_attention` over :func:`cudnn_attend`, CUDA): the chunk over the prefix
   with no mask, plus the chunk over itself with a causal mask, as two cuDNN attention calls. Their outputs are
-  merged by their log-sum-exps (:func:`merge_partial_attention`, the merge of split-KV / ring attention). On an
-  H200, one 16K chunk at the 7MLA21GDN shapes ran at about 600 TFLOP/s this way, against about 265 TFLOP/s for
-  the flash kernel with the lower-right mask (``benchmarks/results/attention_backends.json``).
+  merged by their log-sum-exps (:func:`merge_partial_attention`, the merge of split-KV / ring attention). On
+  Hopper this runs at about 1.7-1.9x the flash kernel's rate with the lower-right mask
+  (``benchmarks/results/attention_backends.json``).
 
 "auto" picks ``cudnn_split`` on a CUDA build with cuDNN 9 for bf16 / fp16 inputs whose head dims cuDNN takes,
 ``sdpa`` otherwise. If cuDNN refuses a shape at run time, "auto" falls back to ``sdpa`` and logs why; an explicit
