@@ -206,13 +206,13 @@ def _log_fallback(reason: str) -> None:
     logger.warning("prefill attention backend: sdpa (cuDNN refused the inputs: %s)", reason)
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, start: int,
                      pad_values: bool = True, backend: str = "auto") -> torch.Tensor:
     """Causal attention of a chunk over a cached prefix plus itself (chunked prefill; module docstring).
 
     Args:
         q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V], d_V <= d_qk. G divides H.
-        scale: softmax scale. start: S - T, tokens already cached (>= 0).
+        scale: softmax scale (None: 1 / sqrt(d_qk), SDPA's default). start: S - T, tokens already cached (>= 0).
         pad_values: for ``sdpa`` on GPU, zero-pad V to the q/k width (:func:`sdpa_prefix_attention`).
         backend: "auto", "sdpa" or "cudnn_split".
 
@@ -225,6 +225,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
     explicit = backend != "auto"
     if not explicit:
         backend, reason = CHOICE.choose(q.device, q.dtype, q.shape[-1], v.shape[-1])

@@ -103,3 +103,22 @@ def test_cudnn_split_matches_sdpa_and_float64_on_cuda(T, S, d_qk, d_v):
     out, lse = cudnn_attend(q, k[:, :, : S - T or S], v[:, :, : S - T or S], False, scale)
     _, lse_ref = math_attend(q.double(), k[:, :, : S - T or S].double(), v[:, :, : S - T or S].double(), False, scale)
     assert lse.dtype == torch.float32 and torch.allclose(lse.double(), lse_ref, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudnn_split_on_the_engines_strided_views_matches_sdpa():
+    """The MLA prefill hands V over as a transposed split of the decompressed [B, S, G, N + V] rows, and the
+    engine's K is sliced along S by the split: cuDNN must read those strides, not assume contiguous inputs."""
+    B, H, G, T, S, N, V = 1, 16, 8, 128, 640, 64, 128
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(B, T, H, 2 * N, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    kv = torch.randn(B, S, G, N + V, device="cuda", dtype=torch.bfloat16, generator=g)
+    k_nope, v = kv.transpose(1, 2).split([N, V], dim=-1)
+    k = torch.cat([k_nope, torch.randn_like(k_nope)], dim=-1)
+    assert not v.is_contiguous() and not q.is_contiguous()
+    ref = split_prefix_attention(q.double(), k.double(), v.double(), N ** -0.5 / 2 ** 0.5, S - T, attend=math_attend)
+    cud = prefix_attention(q, k, v, None, S - T, backend="cudnn_split")
+    sdpa = prefix_attention(q, k, v, None, S - T, backend="sdpa")
+    assert (cud.double() - ref).abs().max().item() < 2e-2
+    assert (cud.double() - sdpa.double()).abs().max().item() < 2e-2
