@@ -10,8 +10,8 @@ Records (benchmark format, ``benchmarks/results/prefill_profile.json``, rewritte
   GDN kernels and our convolutions; ``matmul_s``; ``elementwise_s``; ``other_s``), and the MLA prefill's
   attention FLOPs (``prefill_attention_flops``, :func:`hylo_bench.serving.sweep_worker.prefill_attention_flops`) over
   its measured seconds (``attention_tflop_per_s``).
-  Variants: ``pad`` (values zero-padded to the q/k width: the default) and ``nopad`` (d_V = 128 < d_qk = 192 as
-  they are); the kernel table says which SDPA kernel ran.
+  Variants: the chunked-prefill attention back end (``cudnn_split``, ``sdpa``: kernels.md §10.1), set through
+  ``$HYLO_BENCH_PREFIX_ATTENTION_BACKEND`` for the point; the kernel table says which attention kernel ran.
 - ``benchmark: prefill_chunk_estimate``: per variant, the first and last chunk of a ``--long`` prefill (2M by
   default) timed over a synthetic cache: ``ttft_estimated_s`` = chunks x (first + last) / 2 (chunk cost grows
   linearly with the offset), ``mode: estimated``.
@@ -23,6 +23,7 @@ CPU check of the logic (tiny model, seconds): ``python benchmarks/prefill_profil
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope
 from batched_decode import Run, _error, _ints, build, free
 
-CATEGORIES = (("attention", ("flash", "fmha", "attention", "efficient")),
+CATEGORIES = (("attention", ("flash", "fmha", "attention", "efficient", "sdpa", "cudnn")),
               ("gdn", ("chunk", "gated_delta", "fused_recurrent", "causal_conv", "conv1d", "l2norm", "cumsum",
                        "solve_tril", "wy_fast", "fwd_kernel")),
               ("matmul", ("gemm", "gemv", "sm90", "xmma", "cutlass", "nvjet", "splitk", "_mm_", "cublas")),
@@ -66,10 +67,11 @@ def profile_once(fn) -> tuple[dict, list[tuple[str, float]]]:
     return rec, sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
 
 
-def set_variant(engine, variant: str) -> None:
-    for srv in engine.mixers:
-        if hasattr(srv, "prefill_pad_values"):
-            srv.prefill_pad_values = variant == "pad"
+def set_variant(variant: str) -> None:
+    """Route the MLA prefill's attention to back end ``variant`` (the registry's environment override)."""
+    from hylo_bench.kernels.prefix_attention import CHOICE
+
+    os.environ[CHOICE.env] = variant
 
 
 def timed(fn, device: str) -> float:
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seconds", type=float, default=400.0)
     ap.add_argument("--context", default="64k")
     ap.add_argument("--engine-batches", default="1,8", help="Engine slots per point (prefill into row 0).")
-    ap.add_argument("--variants", default="pad,nopad")
+    ap.add_argument("--variants", default="cudnn_split,sdpa", help="prefill attention back ends, comma-separated")
     ap.add_argument("--prefill-chunk", default="16k")
     ap.add_argument("--long", default="2m", help="Context of the chunk-estimate records ('' = none).")
     ap.add_argument("--tiny", action="store_true")
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model.config
     flops = prefill_attention_flops(cfg, 1, T)
     ids = torch.randint(0, cfg.vocab_size, (1, T))
-    for variant in args.variants.split(","):
+    variants = ["sdpa"] if args.tiny else args.variants.split(",")  # cuDNN needs CUDA
+    for variant in variants:
         for nb in _ints(args.engine_batches):
             rec = {"benchmark": "prefill_profile", "layout": info["layout"], "variant": variant, "seq_len": T,
                    "batch_size": 1, "engine_batch": nb, "prefill_chunk": chunk}
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             try:
                 engine = Engine(model, nb, T + 8, chunk)
-                set_variant(engine, variant)
+                set_variant(variant)
                 with torch.inference_mode():
                     engine.prefill_row(0, ids[:, : min(T, 2 * chunk)])  # kernel compiles
                     first = timed(lambda: engine.prefill_row(0, ids), device)
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             run.add(rec)
             engine = None
             free()
-    for variant in args.variants.split(",") if long_T else []:
+    for variant in variants if long_T else []:
         rec = {"benchmark": "prefill_chunk_estimate", "layout": info["layout"], "variant": variant,
                "seq_len": long_T, "batch_size": 1, "prefill_chunk": chunk, "mode": "estimated"}
         if run.left() < 40 and not args.tiny:
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         try:
             engine = Engine(model, 1, long_T + 8, chunk)
-            set_variant(engine, variant)
+            set_variant(variant)
             engine.time_prefill_chunk(1, 0, chunk)
             first = engine.time_prefill_chunk(1, 0, chunk)
             last = engine.time_prefill_chunk(1, long_T - chunk, chunk)
