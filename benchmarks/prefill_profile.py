@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope
 from batched_decode import Run, _error, _ints, build, free
 
-CATEGORIES = (("attention", ("flash", "fmha", "attention", "efficient", "sdpa", "cudnn")),
+CATEGORIES = (("attention", ("flash", "fmha", "attention", "efficient", "sdpa")),
               ("gdn", ("chunk", "gated_delta", "fused_recurrent", "causal_conv", "conv1d", "l2norm", "cumsum",
                        "solve_tril", "wy_fast", "fwd_kernel")),
               ("matmul", ("gemm", "gemv", "sm90", "xmma", "cutlass", "nvjet", "splitk", "_mm_", "cublas")),
@@ -67,11 +67,12 @@ def profile_once(fn) -> tuple[dict, list[tuple[str, float]]]:
     return rec, sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
 
 
+PREFIX_ENV = "HYLO_BENCH_PREFIX_ATTENTION_BACKEND"  # hylo_bench.kernels.prefix_attention.CHOICE.env
+
+
 def set_variant(variant: str) -> None:
     """Route the MLA prefill's attention to back end ``variant`` (the registry's environment override)."""
-    from hylo_bench.kernels.prefix_attention import CHOICE
-
-    os.environ[CHOICE.env] = variant
+    os.environ[PREFIX_ENV] = variant
 
 
 def timed(fn, device: str) -> float:
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         run.add(rec)
         engine = None
         free()
+    os.environ.pop(PREFIX_ENV, None)
     env["finished"] = True
     run.save()
 

@@ -13,9 +13,13 @@ sees keys ``0 .. start + t`` (a lower-right aligned causal mask). Back ends (ker
   Hopper this runs at about 1.7-1.9x the flash kernel's rate with the lower-right mask
   (``benchmarks/results/attention_backends.json``).
 
-"auto" picks ``cudnn_split`` on a CUDA build with cuDNN 9 for bf16 / fp16 inputs whose head dims cuDNN takes,
-``sdpa`` otherwise. If cuDNN refuses a shape at run time, "auto" falls back to ``sdpa`` and logs why; an explicit
-``backend="cudnn_split"`` raises instead.
+"auto" picks ``cudnn_split`` on a CUDA build with cuDNN 9 for bf16 / fp16 inputs whose head dims cuDNN takes and
+chunks of at least ``MIN_CUDNN_QUERIES`` queries, ``sdpa`` otherwise. cuDNN builds (and caches) one execution graph
+per distinct shape and stride set: a chunk's prefix part is a new shape for every new ``start``, which a long chunk
+amortises and a decode token (T = 1, the baseline transformer's decode step, one new key length per token) does
+not. If cuDNN refuses a shape at run time, "auto" falls back to ``sdpa`` for those inputs' dtype and head dims for
+the rest of the process and logs why; an explicit ``backend="cudnn_split"`` (or the environment override) raises
+instead, and an out-of-memory error is never taken for a refusal.
 
 Why a private op: torch's public SDPA returns no log-sum-exp, and it never sends a lower-right causal mask to
 cuDNN (its cuDNN causal mask is top-left; pytorch/pytorch#193630 adds bottom-right alignment to the private cuDNN
@@ -41,6 +45,7 @@ __all__ = ["cudnn_attend", "math_attend", "merge_partial_attention", "prefix_att
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "sdpa", "cudnn_split")
+MIN_CUDNN_QUERIES = 128  # shorter chunks (decode tokens) stay on sdpa: no cuDNN graph per key length
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -126,8 +131,9 @@ def cudnn_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 def merge_partial_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                             lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint key sets from each set's normalised output and log-sum-exp:
-    ``(exp(lse_a) out_a + exp(lse_b) out_b) / (exp(lse_a) + exp(lse_b))``, computed around the larger of the two
-    (the split-KV merge of flash-decoding; Dao et al. 2023). A row whose set is empty (lse = -inf) takes the other.
+    ``(exp(lse_a) out_a + exp(lse_b) out_b) / (exp(lse_a) + exp(lse_b))`` (the split-KV merge of flash-decoding;
+    Dao et al. 2023), computed as ``lerp(out_b, out_a, sigmoid(lse_a - lse_b))`` so no exponential overflows. A
+    row whose set is empty (lse = -inf) takes the other exactly.
 
     Args:
         out_a, out_b: [..., T, d]. lse_a, lse_b: [..., T, 1].
@@ -136,10 +142,8 @@ def merge_partial_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: tor
         [..., T, d] in out_a's dtype (the arithmetic in float32, float64 for float64 inputs).
     """
     acc = torch.float64 if out_a.dtype == torch.float64 else torch.float32
-    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
-    m = torch.maximum(lse_a, lse_b)
-    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
-    return ((out_a.to(acc) * w_a + out_b.to(acc) * w_b) / (w_a + w_b)).to(out_a.dtype)
+    w_a = torch.sigmoid(lse_a.to(acc) - lse_b.to(acc))  # = e^lse_a / (e^lse_a + e^lse_b); 0 or 1 at -inf
+    return torch.lerp(out_b.to(acc), out_a.to(acc), w_a).to(out_a.dtype)
 
 
 def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
@@ -164,7 +168,8 @@ def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     if T == 1 or start == 0:
         return attend(q, k, v, T > 1, scale)[0]
     out_a, lse_a = attend(q, k[:, :, :start], v[:, :, :start], False, scale)
-    out_b, lse_b = attend(q, k[:, :, start:], v[:, :, start:], True, scale)
+    # the diagonal's own copies: the same shape and strides at every chunk, so cuDNN reuses one graph for them
+    out_b, lse_b = attend(q, k[:, :, start:].contiguous(), v[:, :, start:].contiguous(), True, scale)
     return merge_partial_attention(out_a, lse_a, out_b, lse_b)
 
 
@@ -184,12 +189,16 @@ def _cudnn_ready(device: torch.device) -> str:
     return ""
 
 
-def select_prefix_attention_backend(device: torch.device, dtype: torch.dtype, d_qk: int,
-                                    d_v: int) -> tuple[str, str]:
-    """("sdpa" | "cudnn_split", reason) for backend="auto"."""
+def select_prefix_attention_backend(device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int,
+                                    queries: int = MIN_CUDNN_QUERIES) -> tuple[str, str]:
+    """("sdpa" | "cudnn_split", reason) for backend="auto"; ``queries``: the chunk's T."""
     why = _cudnn_ready(device)
     if why:
         return "sdpa", why
+    if queries < MIN_CUDNN_QUERIES:
+        return "sdpa", f"chunk of {queries} < {MIN_CUDNN_QUERIES} queries (no cuDNN graph per key length)"
+    if (dtype, d_qk, d_v) in _REFUSED:
+        return "sdpa", f"cuDNN refused {dtype} d_qk={d_qk} d_v={d_v} earlier in this process"
     if dtype not in (torch.bfloat16, torch.float16):
         return "sdpa", f"{dtype} inputs"
     if d_qk > 256 or d_v > 256 or d_qk % 8 or d_v % 8:
@@ -201,9 +210,14 @@ CHOICE = register(KernelChoice("prefix_attention", "prefill attention backend", 
                                select_prefix_attention_backend))
 
 
-@functools.cache
-def _log_fallback(reason: str) -> None:
-    logger.warning("prefill attention backend: sdpa (cuDNN refused the inputs: %s)", reason)
+_REFUSED: set[tuple[torch.dtype, int, int]] = set()  # (dtype, d_qk, d_v) cuDNN raised on: "auto" skips it
+
+
+def _refused(q: torch.Tensor, v: torch.Tensor, exc: RuntimeError) -> None:
+    _REFUSED.add((q.dtype, q.shape[-1], v.shape[-1]))
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    logger.warning("prefill attention backend: sdpa from now on for %s d_qk=%d d_v=%d (cuDNN refused: %s)",
+                   q.dtype, q.shape[-1], v.shape[-1], reason[:300])
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, start: int,
@@ -220,8 +234,10 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         [B, H, T, d_V].
 
     Raises:
-        ValueError: unknown backend; "cudnn_split" where cuDNN attention cannot run (the reason named).
-        RuntimeError: "cudnn_split" asked for explicitly and cuDNN refused the inputs.
+        ValueError: unknown backend; "cudnn_split" (explicit or the override) where cuDNN attention cannot run (the
+            reason named).
+        RuntimeError: "cudnn_split" asked for explicitly (or by the override) and cuDNN refused the inputs.
+        torch.OutOfMemoryError: from either back end, as raised.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
@@ -229,7 +245,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         scale = q.shape[-1] ** -0.5
     explicit = backend != "auto"
     if not explicit:
-        backend, reason = CHOICE.choose(q.device, q.dtype, q.shape[-1], v.shape[-1])
+        explicit = CHOICE.override() is not None  # the override is checked as an explicit request
+        backend, reason = CHOICE.choose(q.device, q.dtype, q.shape[-1], v.shape[-1], q.shape[-2])
         CHOICE.log(backend, reason)
     if backend == "cudnn_split":
         why = _cudnn_ready(q.device)
@@ -237,8 +254,10 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
             raise ValueError(f"prefill attention backend cudnn_split cannot run here: {why}; use 'sdpa'")
         try:
             return split_prefix_attention(q, k, v, scale, start)
+        except torch.OutOfMemoryError:
+            raise
         except RuntimeError as exc:
-            if explicit or CHOICE.override() is not None:
+            if explicit:
                 raise
-            _log_fallback(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            _refused(q, v, exc)
     return sdpa_prefix_attention(q, k, v, scale, start, pad_values=pad_values)

@@ -102,9 +102,14 @@ def _other_benchmarks(df: pd.DataFrame, runs: pd.DataFrame, names: list[str]) ->
     each run's device, git sha and date: shown as tables, as stored."""
     if df.empty or not names:
         return pd.DataFrame()
-    df = df[df["benchmark"].isin(names)]
+    df = df[df["benchmark"].isin(names)].dropna(axis=1, how="all")
     meta = runs.set_index("id")[["device", "git_sha", "created_utc"]]
-    return df.join(meta, on="run_id").dropna(axis=1, how="all").reset_index(drop=True)
+    suffix = "\x00run"  # no record key can end so
+    out = df.join(meta, on="run_id", rsuffix=suffix)
+    for col in meta.columns:  # a record that names its own device / sha keeps it; the run's fills the gaps
+        if col + suffix in out.columns:
+            out[col] = out[col].fillna(out.pop(col + suffix))
+    return out.dropna(axis=1, how="all").reset_index(drop=True)
 
 
 def _ruler_frame(engine, metrics: pd.DataFrame) -> pd.DataFrame:

@@ -5,11 +5,13 @@ the SDPA path."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
+from hylo_bench.kernels import prefix_attention as PA
 from hylo_bench.kernels.prefix_attention import (
     cudnn_attend,
     math_attend,
@@ -87,12 +89,66 @@ def test_cudnn_split_is_refused_off_cuda_and_unknown_backends_are_named():
         prefix_attention(q, k, v, 1.0, 5, backend="flash")
 
 
+@pytest.fixture
+def cudnn_pretend(monkeypatch):
+    """CPU stand-in for a CUDA machine with cuDNN 9: the readiness check passes and the split raises as cuDNN
+    does when it refuses a shape; returns the list of exceptions the split will raise, in order."""
+    monkeypatch.setattr(PA, "_cudnn_ready", lambda device: "")
+    monkeypatch.setattr(PA, "_REFUSED", set())
+    monkeypatch.delenv(PA.CHOICE.env, raising=False)
+    errors: list[Exception] = []
+
+    def refuse(*args, **kwargs):
+        raise errors.pop(0)
+
+    monkeypatch.setattr(PA, "split_prefix_attention", refuse)
+    return errors
+
+
+def test_auto_falls_back_to_sdpa_once_cudnn_refuses_and_remembers_it(cudnn_pretend, caplog):
+    q, k, v = _inputs(1, 4, 2, 128, 133, 8, 8, dtype=torch.bfloat16)  # a chunk long enough for cuDNN
+    want = sdpa_prefix_attention(q, k, v, 0.3, 5)
+    cudnn_pretend.append(RuntimeError("cuDNN Frontend error: [cudnn_frontend] No valid execution plans built."))
+    assert select_prefix_attention_backend(q.device, q.dtype, 8, 8, 256)[0] == "cudnn_split"
+    with caplog.at_level(logging.WARNING, logger="hylo_bench.kernels.prefix_attention"):
+        assert torch.equal(prefix_attention(q, k, v, 0.3, 5), want)
+        assert torch.equal(prefix_attention(q, k, v, 0.3, 5), want)  # no second try: cudnn_pretend is empty
+    assert [r.getMessage() for r in caplog.records] == [
+        "prefill attention backend: sdpa from now on for torch.bfloat16 d_qk=8 d_v=8 (cuDNN refused: cuDNN "
+        "Frontend error: [cudnn_frontend] No valid execution plans built.)"]
+    assert select_prefix_attention_backend(q.device, q.dtype, 8, 8, 256) == (
+        "sdpa", "cuDNN refused torch.bfloat16 d_qk=8 d_v=8 earlier in this process")
+
+
+def test_explicit_or_overridden_cudnn_and_out_of_memory_are_raised_not_hidden(cudnn_pretend, monkeypatch):
+    q, k, v = _inputs(1, 4, 2, 128, 133, 8, 8, dtype=torch.bfloat16)
+    cudnn_pretend.extend([RuntimeError("refused"), RuntimeError("refused"), torch.OutOfMemoryError("oom")])
+    with pytest.raises(RuntimeError, match="refused"):
+        prefix_attention(q, k, v, 0.3, 5, backend="cudnn_split")
+    monkeypatch.setenv(PA.CHOICE.env, "cudnn_split")
+    with pytest.raises(RuntimeError, match="refused"):
+        prefix_attention(q, k, v, 0.3, 5)
+    monkeypatch.delenv(PA.CHOICE.env)
+    with pytest.raises(torch.OutOfMemoryError):
+        prefix_attention(q, k, v, 0.3, 5)
+    assert PA._REFUSED == set()
+
+
+def test_short_chunks_and_decode_tokens_stay_on_sdpa(cudnn_pretend):
+    q, k, v = _inputs(1, 4, 2, 1, 9, 8, 8, dtype=torch.bfloat16)
+    assert select_prefix_attention_backend(q.device, q.dtype, 8, 8, 1) == (
+        "sdpa", "chunk of 1 < 128 queries (no cuDNN graph per key length)")
+    assert torch.equal(prefix_attention(q, k, v, 0.3, 8), sdpa_prefix_attention(q, k, v, 0.3, 8))  # no split call
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("T,S,d_qk,d_v", [(256, 1024, 128, 128), (200, 1000, 192, 128), (300, 300, 128, 128),
                                           (1, 777, 128, 128)])
 def test_cudnn_split_matches_sdpa_and_float64_on_cuda(T, S, d_qk, d_v):
-    assert select_prefix_attention_backend(torch.device("cuda"), torch.bfloat16, d_qk, d_v)[0] == "cudnn_split"
+    backend, why = select_prefix_attention_backend(torch.device("cuda"), torch.bfloat16, d_qk, d_v)
+    if backend != "cudnn_split":
+        pytest.skip(f"cuDNN attention not available here: {why}")
     q, k, v = _inputs(2, 16, 8, T, S, d_qk, d_v, dtype=torch.bfloat16, device="cuda")
     scale = 1 / math.sqrt(d_qk)
     ref = split_prefix_attention(q.double(), k.double(), v.double(), scale, S - T, attend=math_attend)
@@ -117,8 +173,11 @@ def test_cudnn_split_on_the_engines_strided_views_matches_sdpa():
     k_nope, v = kv.transpose(1, 2).split([N, V], dim=-1)
     k = torch.cat([k_nope, torch.randn_like(k_nope)], dim=-1)
     assert not v.is_contiguous() and not q.is_contiguous()
+    backend, why = select_prefix_attention_backend(q.device, q.dtype, 2 * N, V, T)
+    if backend != "cudnn_split":
+        pytest.skip(f"cuDNN attention not available here: {why}")
     ref = split_prefix_attention(q.double(), k.double(), v.double(), N ** -0.5 / 2 ** 0.5, S - T, attend=math_attend)
     cud = prefix_attention(q, k, v, None, S - T, backend="cudnn_split")
     sdpa = prefix_attention(q, k, v, None, S - T, backend="sdpa")
-    assert (cud.double() - ref).abs().max().item() < 2e-2
-    assert (cud.double() - sdpa.double()).abs().max().item() < 2e-2
+    err_cudnn, err_sdpa = (cud.double() - ref).abs().max().item(), (sdpa.double() - ref).abs().max().item()
+    assert err_cudnn <= 2 * err_sdpa + 1e-3, (err_cudnn, err_sdpa)
