@@ -14,6 +14,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from hylo_bench.config.upcycle import UpcycleConfig
 from hylo_bench.models.hybrid import load_hylo
@@ -99,11 +100,19 @@ def test_two_gloo_ranks_give_the_single_process_losses(runs):
     # held-out KL after each stage and the merged export agree too
     for s1, s2 in zip(one["stages"], two["stages"]):
         assert s2["kl_after"] == pytest.approx(s1["kl_after"], rel=2e-5)
+    # The exported weights agree to 0.2 % of what the KD stage moved them (single process: final - after ILD).
+    # Not elementwise: AdamW moves an element by up to ~lr per step whatever its gradient's size, so an element
+    # whose gradient sits at the rounding level differs by a fraction of lr between the two summation orders
+    # (measured: 1 of 6,144 elements of a GDN v_proj off by 3.2e-5, all others within 6e-6). Per tensor the
+    # difference is at most 2.3e-4 of the KD update (measured); a wrong slice or a missing or doubled gradient
+    # reduction changes the update itself, i.e. a large fraction of it.
     w1, w2 = load_hylo(root / "one", dtype=None).state_dict(), load_hylo(root / "two", dtype=None).state_dict()
-    assert w1.keys() == w2.keys()
+    after_ild = load_file(root / "one" / "stages" / "0-ild-64" / "model.safetensors")
+    assert w1.keys() == w2.keys() == after_ild.keys()
     for k, v in w1.items():
         assert w2[k].dtype == v.dtype == torch.float32 and w2[k].shape == v.shape, k
-        torch.testing.assert_close(w2[k], v, rtol=1e-4, atol=1e-5, msg=k)
+        moved, diff = float((v - after_ild[k]).norm()), float((w2[k] - v).norm())
+        assert diff <= 2e-3 * moved, (k, diff, moved)
     assert (root / "two" / "stages" / "0-ild-64" / "model.safetensors").is_file()
     assert not (root / "two" / "resume_dcp").exists()
     log = [json.loads(x) for x in (root / "two" / "train_log.jsonl").read_text().splitlines()]
