@@ -119,7 +119,8 @@ def main() -> None:
                 write_result(Path(args.out), doc)
                 continue
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
-                              results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size)
+                              results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
+                              beyond_context=True)  # random weights: speed, not scores, past 40,960 tokens
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()

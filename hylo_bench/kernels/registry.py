@@ -5,8 +5,9 @@ choice saying what runs.
 
 Choice points (``CHOICES``): ``gdn`` (Gated DeltaNet chunked recurrence), ``ssd`` (Mamba-2 scan), ``mla_decode``
 (absorbed MLA decode attention), ``gdn_decode`` (GDN single-token decode), ``gdn_prestep`` (GDN decode pre-step:
-convolutions and gates), ``gemv`` (the engine's fused decode GEMVs), ``prefix_attention`` (chunked-prefill
-attention over a cached prefix: cuDNN split or SDPA).
+convolutions and gates), ``gdn_glue`` (the GDN mixer's multi-token short convolutions and gated norm), ``gemv``
+(the engine's fused decode GEMVs), ``prefix_attention`` (chunked-prefill attention over a cached prefix: cuDNN
+split or SDPA).
 
 Environment override: ``HYLO_BENCH_<NAME>_BACKEND`` (e.g. ``HYLO_BENCH_GDN_BACKEND=torch``) replaces what
 ``"auto"`` would pick for that choice point; it must name one of its back ends (else ValueError naming the

@@ -1,8 +1,9 @@
 """Gated DeltaNet (GDN) token mixer with fla 0.6.0's parameter names and shapes, plus its decode state.
 
 Checkpoints move between this module and ``fla.layers.GatedDeltaNet`` unchanged (checkpoint-format.md sec. 4.4).
-Projections, short convolutions and the gated norm are plain torch; the recurrence goes through
-``hylo_bench.kernels.gated_delta`` (torch chunked on CPU, fla on CUDA, torch step for one-token decode).
+Projections are plain torch; the short convolutions and the gated norm go through
+``hylo_bench.kernels.gated_delta.glue`` (fla's Triton kernels for CUDA inference, torch otherwise), the recurrence
+through ``hylo_bench.kernels.gated_delta`` (torch chunked on CPU, fla on CUDA, torch step for one-token decode).
 
 Legend: B batch, T tokens, D hidden size, H heads, K key head dim, Vd value head dim (= expand_v * K),
 C conv channels, W conv width.
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hylo_bench.kernels.gated_delta import gated_delta_rule, gated_delta_rule_step
+from hylo_bench.kernels.gated_delta.glue import gated_rms_norm, short_conv
 
 _DT_MIN, _DT_MAX, _DT_FLOOR = 1e-3, 0.1, 1e-4  # fla 0.6.0 GatedDeltaNet dt init (hard-coded there too)
 _A_INIT_RANGE = (1e-4, 16.0)  # fla draws U(0, 16); the lower bound keeps log() finite
@@ -46,7 +48,9 @@ class GDNState:
 class GatedRMSNorm(nn.Module):
     """Per-head RMSNorm followed by a SiLU output gate: ``rmsnorm(o) * weight * silu(gate)`` (normalise first).
 
-    Computed in float32 (float64 for float64 inputs), returned in the dtype of ``o``.
+    Computed in float32 (float64 for float64 inputs), returned in the dtype of ``o``. This module is the torch
+    form (the decode step compiles it); ``GatedDeltaNet.forward`` over several tokens calls
+    :func:`hylo_bench.kernels.gated_delta.glue.gated_rms_norm` with this module's weight, fla's kernel on CUDA.
 
     Reference:
         fla 0.6.0 ``fla/modules/fused_norm_gate.py::FusedRMSNormGated`` (activation "swish").
@@ -62,10 +66,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """o, gate: [..., Vd] -> [..., Vd] in o's dtype."""
-        dt = _math_dtype(o.dtype)
-        x = o.to(dt)
-        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x * self.weight.to(dt) * F.silu(gate.to(dt))).to(o.dtype)
+        return gated_rms_norm(o, gate, self.weight, self.eps, backend="torch")
 
 
 class GatedDeltaNet(nn.Module):
@@ -233,14 +234,8 @@ class GatedDeltaNet(nn.Module):
         Returns:
             (SiLU(conv) [B, T, C], new cache [B, C, W - 1] = last W - 1 inputs of cache + this call).
         """
-        B, _T, C = x_BTC.shape
-        W1 = self.conv_size - 1
-        x_BCT = x_BTC.transpose(1, 2)
-        if cache_BCW is None:
-            cache_BCW = x_BCT.new_zeros(B, C, W1)
-        xx_BCL = torch.cat([cache_BCW.to(x_BCT.dtype), x_BCT], dim=-1)  # L = W - 1 + T
-        y_BCT = F.conv1d(xx_BCL, conv.weight.to(x_BCT.dtype), groups=C)
-        return F.silu(y_BCT).transpose(1, 2), xx_BCL[..., xx_BCL.shape[-1] - W1 :]
+        # one token (decode outside the engine) stays on torch: a Triton launch per tensor would cost more
+        return short_conv(x_BTC, conv.weight[:, 0], cache_BCW, backend="auto" if x_BTC.shape[1] > 1 else "torch")
 
     def forward(
         self,
@@ -329,7 +324,8 @@ class GatedDeltaNet(nn.Module):
                 backend=self.backend,
             )
         gate_BTHV = self.g_proj(hidden_states).view(B, T, H, Vd)
-        o_BTHV = self.o_norm(o_BTHV.to(hidden_states.dtype), gate_BTHV)
+        o_BTHV = gated_rms_norm(o_BTHV.to(hidden_states.dtype), gate_BTHV, self.o_norm.weight, self.o_norm.eps,
+                                backend="auto" if T > 1 else "torch")
         out_BTD = self.o_proj(o_BTHV.reshape(B, T, H * Vd))
         if mask_BT is not None:
             out_BTD = out_BTD * mask_BT[..., None]

@@ -11,13 +11,14 @@ import torch
 
 from hylo_bench.decode.linear_layer import LinearServing  # noqa: F401 (imports every decode choice point)
 from hylo_bench.kernels import gated_delta, gemv, mla_decode, prefix_attention, registry, ssd
+from hylo_bench.kernels.gated_delta import glue
 
 
 def test_every_choice_point_is_registered_with_its_backends_in_priority_order():
     assert {n: c.backends for n, c in registry.CHOICES.items()} == {
         "gdn": ("fla", "torch"), "ssd": ("fla", "torch"), "mla_decode": ("triton", "torch"),
         "gemv": ("triton", "torch"), "gdn_decode": ("triton", "fla", "torch"), "gdn_prestep": ("triton", "torch"),
-        "prefix_attention": ("cudnn_split", "sdpa")}
+        "prefix_attention": ("cudnn_split", "sdpa"), "gdn_glue": ("fla", "torch")}
     assert registry.CHOICES["gdn"].env == "HYLO_BENCH_GDN_BACKEND"
     assert registry.CHOICES["gdn_decode"].env == "HYLO_BENCH_GDN_DECODE_BACKEND"
 
@@ -33,6 +34,7 @@ def test_auto_on_cpu_picks_torch_everywhere_without_an_override(monkeypatch):
     assert gated_delta.select_gdn_decode_backend(cpu, torch.float32, "auto") == "torch"
     assert gated_delta.select_prestep_backend(cpu, torch.float32, "auto", 4) == "torch"
     assert prefix_attention.CHOICE.choose(cpu, torch.bfloat16, 128, 128) == ("sdpa", "device cpu")
+    assert glue.CHOICE.choose(cpu, torch.bfloat16, False) == ("torch", "device cpu")
 
 
 def test_environment_override_replaces_auto_and_is_checked(monkeypatch):
