@@ -78,6 +78,10 @@ class MLAServing:
             w_uk = w_uk * kw[: self.N, None].to(w_uk.dtype)
             self.k_pe_weight = kw[self.N:]
         self.w_uk = w_uk.contiguous()
+        # the prefill's decompression weight [G * (N + V), R]: kv_b_proj with the key norm's nope weight folded in
+        # (as w_uk), so the prefix keys need one scaling pass (the key scales) instead of two
+        self.kv_b_prefill = (torch.cat([self.w_uk, self.w_uv], dim=1).reshape(-1, self.R) if self.qk_norm
+                             else w.detach())
         self.inv_freq = mla.rotary.inv_freq.to(device=w.device)
         self.mscale = mla.rotary.mscale
         if decode_backend == "auto":  # resolved once here, so a traced decode step sees a constant
@@ -159,17 +163,32 @@ class MLAServing:
         slot.latent[:B, start:S] = rows
         if ks is not None:
             slot.key_scale[:B, start:S] = ks
-        prefix = slot.latent[:B, :S]
-        kv = F.linear(prefix[..., : self.R], self.m.kv_b_proj.weight).unflatten(-1, (self.G, self.N + self.V))
-        k_nope, v = kv.transpose(1, 2).split([self.N, self.V], dim=-1)  # [B, G, S, N], [B, G, S, V]
-        if self.qk_norm:
-            k_nope = k_nope * self.m.k_norm.weight[: self.N].to(k_nope.dtype)
-        k = torch.cat([k_nope, prefix[:, None, :, self.R:].expand(B, self.G, S, self.P)], dim=-1)
-        if ks is not None:
-            k.mul_(slot.key_scale[:B, :S].transpose(1, 2)[..., None])  # in place: k is a fresh [B, G, S, N + P]
+        k, v = self._prefix_keys_values(slot, B, S)
         q = torch.cat([q_nope, q_pe], dim=-1)
         out = prefix_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values)
         return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
+
+    def _prefix_keys_values(self, slot: MLACacheSlot, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first S cached tokens of rows 0 .. B-1 decompressed: keys [B, G, S, N + P] (``[W_UK' c ; kr]``
+        times the key scale, module docstring) and values [B, G, S, V] (a strided view of the decompression).
+
+        Each key element is written once: the nope part straight from the decompression times the key scale, the
+        rope part broadcast over the G groups, no concatenation (at 2M tokens the keys are 4 GiB per layer and
+        chunk, so every extra read and write of them costs about 2 ms on an H200).
+        """
+        prefix = slot.latent[:B, :S]
+        kv = F.linear(prefix[..., : self.R], self.kv_b_prefill).unflatten(-1, (self.G, self.N + self.V))
+        k_nope, v = kv.transpose(1, 2).split([self.N, self.V], dim=-1)  # [B, G, S, N], [B, G, S, V]
+        kr = prefix[:, None, :, self.R:]  # [B, 1, S, P]
+        k = kv.new_empty(B, self.G, S, self.N + self.P)
+        if slot.key_scale is None:
+            k[..., : self.N] = k_nope
+            k[..., self.N:] = kr
+        else:
+            scale = slot.key_scale[:B, :S].transpose(1, 2)[..., None]  # [B, G, S, 1]
+            torch.mul(k_nope, scale, out=k[..., : self.N])
+            torch.mul(kr, scale, out=k[..., self.N:])
+        return k, v
 
     def decode(self, x: torch.Tensor, slot: MLACacheSlot, positions: torch.Tensor,
                fused: Prologue | None = None) -> torch.Tensor:

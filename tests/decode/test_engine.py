@@ -96,6 +96,27 @@ def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rope_float64)
     assert torch.equal(slot.latent[:, 10:], torch.zeros_like(slot.latent[:, 10:]))  # nothing past the token
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_chunked_mla_prefill_equals_the_module_forward_in_float64(qk_norm, rope_float64):
+    """One MLA layer prefilled in chunks of 4, 3 and 3 tokens: every chunk's output equals the module's full causal
+    forward. Random q/k norm weights, so the key norm folded into the prefill's decompression weight is exercised
+    (the engine tests' norms are ones)."""
+    torch.manual_seed(4)
+    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=qk_norm)).double().eval()
+    mla = model.model.layers[1].mla
+    with torch.no_grad():
+        if qk_norm:
+            mla.q_norm.weight.uniform_(0.5, 1.5)
+            mla.k_norm.weight.uniform_(0.5, 1.5)
+        x = torch.randn(2, 10, 64, dtype=torch.float64)
+        want, _ = mla(x, torch.arange(10).expand(2, 10))
+        srv = MLAServing(mla, decode_backend="torch")
+        slot = srv.new_slot(2, 16)
+        got = torch.cat([srv.prefill(x[:, a:b], slot, a) for a, b in ((0, 4), (4, 7), (7, 10))], dim=1)
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-10, rel
+
+
 def test_engine_preallocates_caches_of_the_documented_size():
     model = _model("gdn-qknorm")
     cfg = model.config
