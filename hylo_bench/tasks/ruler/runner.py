@@ -8,11 +8,13 @@ interrupted run from the last scored batch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import re
 import statistics
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -226,27 +228,48 @@ def _predict(
     one: a continuous-batching decoder keeps its slots full over several prompts per slot); ``on_batch(batch,
     predictions)`` after each batch.
 
+    The prompts of the batch after the current one are tokenised on a worker thread while the current batch
+    decodes (a 64K-token prompt takes about 0.1 s on one CPU core; fast tokenizers release the GIL), with its own
+    copy of the tokenizer: transformers sets a fast tokenizer's truncation and padding on the shared Rust object at
+    every call, so two threads on one tokenizer can fail with "Already borrowed" (huggingface/tokenizers#537,
+    huggingface/transformers#47085).
+
     A batch that runs out of GPU memory is retried at half the batch size (and the rest of the samples keep the
     smaller size), down to one sample; the out-of-memory error of a single sample is raised.
     """
     size, start = cfg.batch_size * getattr(decode, "requests_per_call", 1), 0
-    while start < len(samples):
-        batch = samples[start : start + size]
-        ids = [encode_prompt(tokenizer, s["prompt"], cfg.chat_template) for s in batch]
-        try:
-            preds = decode(ids, max_new)
-        except Exception as e:  # noqa: BLE001 - torch.OutOfMemoryError, or a RuntimeError saying so
-            if size == 1 or not _is_oom(e):
-                raise
-            import torch
+    encoded: dict[int, Future] = {}
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ruler-encode")
+    worker_tok = copy.deepcopy(tokenizer)
 
-            torch.cuda.empty_cache()
-            size = max(1, size // 2)
-            logger.warning("out of GPU memory decoding %d prompts of up to %d tokens; retrying %d at a time",
-                           len(batch), max(len(x) for x in ids), size)
-            continue
-        on_batch(batch, preds)
-        start += len(batch)
+    def ensure(lo: int, hi: int) -> None:
+        for i in range(lo, min(hi, len(samples))):
+            if i not in encoded:
+                encoded[i] = pool.submit(encode_prompt, worker_tok, samples[i]["prompt"], cfg.chat_template)
+
+    try:
+        while start < len(samples):
+            batch = samples[start : start + size]
+            ensure(start, start + 2 * size)  # this batch, and the next one while this one decodes
+            ids = [encoded[i].result() for i in range(start, start + len(batch))]
+            try:
+                preds = decode(ids, max_new)
+            except Exception as e:  # noqa: BLE001 - torch.OutOfMemoryError, or a RuntimeError saying so
+                if size == 1 or not _is_oom(e):
+                    raise
+                import torch
+
+                torch.cuda.empty_cache()
+                size = max(1, size // 2)
+                logger.warning("out of GPU memory decoding %d prompts of up to %d tokens; retrying %d at a time",
+                               len(batch), max(len(x) for x in ids), size)
+                continue
+            on_batch(batch, preds)
+            for i in range(start, start + len(batch)):
+                del encoded[i]
+            start += len(batch)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # an error is raised without tokenising the rest
 
 
 def _is_oom(e: BaseException) -> bool:

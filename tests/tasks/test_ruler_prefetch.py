@@ -1,0 +1,63 @@
+"""RULER decoding tokenises the next batch on a worker thread, with its own tokenizer copy, while a batch decodes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hylo_bench.tasks.ruler import runner as R
+
+
+class _Tok:
+    """A tokenizer stub: ids are the prompt's characters; records which copy encoded what, on which thread."""
+
+    def __init__(self, log: list, encoded_event: dict[int, threading.Event], copy_no: int = 0):
+        self.log, self.events, self.copy_no = log, encoded_event, copy_no
+
+    def __deepcopy__(self, memo):
+        return _Tok(self.log, self.events, self.copy_no + 1)
+
+    def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        self.log.append((prompt, self.copy_no, threading.current_thread().name))
+        if prompt in self.events:
+            self.events[prompt].set()
+
+        class Out:
+            input_ids = [ord(c) for c in prompt]
+        return Out()
+
+
+def test_the_next_batch_is_tokenised_while_this_one_decodes():
+    log: list = []
+    next_batch_encoded = threading.Event()
+    tok = _Tok(log, {"c": next_batch_encoded})
+    samples = [{"prompt": p, "index": i} for i, p in enumerate("abcde")]
+    cfg = R.RulerConfig(model="m", lengths=[1024], tasks=["niah_single_1"], samples=5, results_dir="r", batch_size=2)
+    waited: list[bool] = []
+
+    def decode(ids, max_new):
+        if not waited:  # the first batch (a, b) decodes only once the second batch's first prompt is tokenised
+            waited.append(next_batch_encoded.wait(timeout=5))
+        return ["".join(map(chr, x)).upper() for x in ids]
+
+    got: list[tuple[int, str]] = []
+    R._predict(decode, tok, samples, cfg, 8, lambda b, p: got.extend((s["index"], q) for s, q in zip(b, p)))
+    assert waited == [True]
+    assert got == [(0, "A"), (1, "B"), (2, "C"), (3, "D"), (4, "E")]
+    assert sorted(p for p, _, _ in log) == list("abcde")  # each prompt tokenised once
+    assert {(c, t.startswith("ruler-encode")) for _, c, t in log} == {(1, True)}  # by the copy, off the main thread
+
+
+def test_a_decode_error_is_raised_without_tokenising_every_remaining_prompt():
+    log: list = []
+    tok = _Tok(log, {})
+    samples = [{"prompt": f"p{i}", "index": i} for i in range(40)]
+    cfg = R.RulerConfig(model="m", lengths=[1024], tasks=["niah_single_1"], samples=40, results_dir="r", batch_size=2)
+
+    def decode(ids, max_new):
+        raise ValueError("engine refused")
+
+    with pytest.raises(ValueError, match="engine refused"):
+        R._predict(decode, tok, samples, cfg, 8, lambda b, p: None)
+    assert len(log) <= 4  # this batch and the next one at most
