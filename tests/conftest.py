@@ -140,3 +140,15 @@ def engine_reference_case():
     ids = torch.randint(3, 97, (2, 13))
     want, _ = Engine(model, 3, 32, 5, mla_decode_backend="torch", gdn_decode_backend="torch").generate(ids, 6)
     return model, ids, want
+
+
+@pytest.fixture
+def rms_float64(monkeypatch):
+    """transformers' RMSNorm computes in float32 even for float64 inputs; float64 checks use the same maths
+    (weight * x / rms) kept in float64. (The RoPE, :func:`hylo_bench.models.rope.rope_interleaved`, keeps float64.)"""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def rms_norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", rms_norm)

@@ -30,6 +30,7 @@ from hylo_bench.decode.linear_layer import LinearServing
 from hylo_bench.decode.mla_layer import MLACacheSlot, MLAServing
 from hylo_bench.decode.transformer_layer import START_KWARG, PrefixKVCache, use_prefix_attention
 from hylo_bench.kernels.gemv import GEMV_BACKENDS, select_gemv_backend
+from hylo_bench.kernels.layer_glue import add_rms_norm, rms_norm, select_layer_glue_backend, silu_mul
 from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
@@ -328,11 +329,15 @@ class Engine(_EngineBase):
         gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates when ``gdn_decode_backend`` is
             "fla" or "torch": "torch", "triton" (one kernel instead of about 11) or "auto" (default: triton on CUDA;
             :class:`LinearServing`). The "triton" GDN decode back end does them in its own kernel.
+        layer_glue_backend: a prefill chunk's RMSNorms, residual adds and SwiGLU: "torch" (the modules), "fla"
+            (fla's one-pass kernels) or "auto" (default: fla for CUDA inference; :mod:`hylo_bench.kernels.layer_glue`).
+            Layers with other norms or activations keep the modules.
 
     Raises:
         ValueError: not a HyLo model (use :class:`TransformerEngine`), non-positive sizes, unknown ``gemv_backend``
-            or "triton" without merged projections, an unknown ``fused_gemvs`` entry, or a ``gdn_prestep_backend``
-            :class:`LinearServing` refuses.
+            or "triton" without merged projections, an unknown ``fused_gemvs`` entry, a ``gdn_prestep_backend``
+            :class:`LinearServing` refuses, or an unknown ``layer_glue_backend`` ("fla" off CUDA).
+        ImportError: ``layer_glue_backend="fla"`` without flash-linear-attention.
         torch.cuda.OutOfMemoryError: the caches do not fit.
     """
 
@@ -341,7 +346,7 @@ class Engine(_EngineBase):
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
                  compile_options: dict | None = None, merge_projections: bool | None = None,
                  gemv_backend: str = "auto", fused_gemvs: tuple[str, ...] = DEFAULT_FUSED_GEMVS,
-                 gdn_prestep_backend: str = "auto"):
+                 gdn_prestep_backend: str = "auto", layer_glue_backend: str = "auto"):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
@@ -379,6 +384,12 @@ class Engine(_EngineBase):
             self.mixers.append(srv)
             self.slots.append(slot)
         self.merged_mlps = [merge_mlp(layer.mlp) if merge_projections else None for layer in self.layers]
+        if layer_glue_backend != "auto":  # fail now for an unknown name, or fla off CUDA / not installed
+            select_layer_glue_backend(layer_glue_backend, self.device, torch.float32, False)
+        glue_ok = getattr(self.model.config, "hidden_act", None) in ("silu", "swish") and all(
+            isinstance(layer.input_layernorm, LlamaRMSNorm) and isinstance(layer.post_attention_layernorm, LlamaRMSNorm)
+            for layer in self.layers)
+        self.layer_glue_backend = layer_glue_backend if glue_ok else "torch"
         self.fused = [self._fusable(i) for i in range(len(self.layers))] if gemv_backend == "triton" else None
         head = self.model.lm_head
         self.fused_head = "head" in self.fused_gemvs and getattr(head, "bias", None) is None and isinstance(
@@ -433,9 +444,10 @@ class Engine(_EngineBase):
         return mixer, mlp_ok
 
     def _layer(self, i: int, h: torch.Tensor, start: int | None, pos: torch.Tensor | None,
-               slots: list | None = None) -> torch.Tensor:
+               slots: list | None = None, glue: str = "torch") -> torch.Tensor:
         """Decoder layer i in serving form: a prefill chunk at ``start`` (int), or one decode token per row at
-        ``pos`` [B]; ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`).
+        ``pos`` [B]; ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`);
+        ``glue``: a prefill chunk's resolved layer-glue back end (:mod:`hylo_bench.kernels.layer_glue`).
 
         The structure is ``HyLoDecoderLayer.forward``'s (``h + mixer(input_layernorm(h))``, then
         ``h + mlp(post_attention_layernorm(h))``) on the same modules and weights; the mixer runs in its serving
@@ -448,15 +460,17 @@ class Engine(_EngineBase):
         mla = isinstance(srv, MLAServing)
         if not mla:
             slot = self._rows(slot, h.shape[0])
-        fuse_mixer, fuse_mlp = self.fused[i] if pos is not None and self.fused is not None else (False, False)
+        if pos is None:  # a prefill chunk: norms, residual adds and SwiGLU through the layer glue
+            x = rms_norm(h, layer.input_layernorm, glue)
+            mixed = srv.prefill(x, slot, start) if mla else srv.prefill(x, slot)
+            y, h = add_rms_norm(mixed, h, layer.post_attention_layernorm, glue)
+            return h + self._mlp(i, y, glue)
+        fuse_mixer, fuse_mlp = self.fused[i] if self.fused is not None else (False, False)
         fg = self.fused_gemvs
         pro = Prologue(layer.input_layernorm if "in" in fg else None, h if "out" in fg else None) if fuse_mixer \
             else None
         x = h if pro is not None and pro.norm is not None else layer.input_layernorm(h)
-        if pos is None:
-            mixed = srv.prefill(x, slot, start) if mla else srv.prefill(x, slot)
-        else:
-            mixed = srv.decode(x, slot, pos, pro) if mla else srv.decode(x, slot, pro)
+        mixed = srv.decode(x, slot, pos, pro) if mla else srv.decode(x, slot, pro)
         h = mixed if pro is not None and pro.residual is not None else h + mixed
         post, mlp, merged = layer.post_attention_layernorm, layer.mlp, self.merged_mlps[i]
         if not fuse_mlp:
@@ -467,13 +481,26 @@ class Engine(_EngineBase):
         gate, up = gate_up.split(merged.splits, dim=-1)
         return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
+    def _mlp(self, i: int, y: torch.Tensor, glue: str) -> torch.Tensor:
+        """Layer i's MLP on the normalised y [B, T, D] (SwiGLU's product through the layer glue)."""
+        mlp, merged = self.layers[i].mlp, self.merged_mlps[i]
+        if glue == "torch":
+            return mlp_forward(mlp, merged, y)
+        gate, up = merged(y) if merged is not None else (mlp.gate_proj(y), mlp.up_proj(y))
+        return mlp.down_proj(silu_mul(gate, up, glue))
+
     def _forward(self, ids: torch.Tensor, start: int | None, pos: torch.Tensor | None,
                  slots: list | None = None) -> torch.Tensor:
         """The decoder stack: ids [B, T] (a prefill chunk at ``start``) or [B, 1] (decode at ``pos`` [B]) ->
-        hidden states [B, T, D] before the final norm."""
+        hidden states [B, T, D] before the final norm. A prefill chunk resolves the layer glue's back end once
+        (:mod:`hylo_bench.kernels.layer_glue`; "auto": fla's kernels for CUDA inference)."""
         h = self.model.model.embed_tokens(ids)
+        glue = "torch"
+        if pos is None and self.layer_glue_backend != "torch":
+            glue = select_layer_glue_backend(self.layer_glue_backend, h.device, h.dtype,
+                                             torch.is_grad_enabled() and h.requires_grad)
         for i in range(len(self.layers)):
-            h = self._layer(i, h, start, pos, slots)
+            h = self._layer(i, h, start, pos, slots, glue)
         return h
 
     def _prefill(self, ids: torch.Tensor, start: int, slots: list | None = None) -> torch.Tensor:

@@ -5,9 +5,9 @@ choice saying what runs.
 
 Choice points (``CHOICES``): ``gdn`` (Gated DeltaNet chunked recurrence), ``ssd`` (Mamba-2 scan), ``mla_decode``
 (absorbed MLA decode attention), ``gdn_decode`` (GDN single-token decode), ``gdn_prestep`` (GDN decode pre-step:
-convolutions and gates), ``gdn_glue`` (the GDN mixer's multi-token short convolutions and gated norm), ``gemv``
-(the engine's fused decode GEMVs), ``prefix_attention`` (chunked-prefill attention over a cached prefix: cuDNN
-split or SDPA).
+convolutions and gates), ``gdn_glue`` (the GDN mixer's multi-token short convolutions and gated norm),
+``layer_glue`` (the decoder layers' RMSNorms, residual adds and SwiGLU in a prefill), ``gemv`` (the engine's fused
+decode GEMVs), ``prefix_attention`` (chunked-prefill attention over a cached prefix: cuDNN split or SDPA).
 
 Environment override: ``HYLO_BENCH_<NAME>_BACKEND`` (e.g. ``HYLO_BENCH_GDN_BACKEND=torch``) replaces what
 ``"auto"`` would pick for that choice point; it must name one of its back ends (else ValueError naming the
@@ -91,6 +91,23 @@ def triton_available() -> bool:
 def fla_installed() -> bool:
     """Whether flash-linear-attention is installed (``hylo-bench[gpu]``)."""
     return importlib.util.find_spec("fla") is not None
+
+
+def fla_for_inference(device, dtype, needs_grad: bool) -> tuple[str, str]:
+    """The availability rule of the inference-only fla glue choices (``gdn_glue``, ``layer_glue``): ``("fla",
+    why)`` on CUDA for float32 / bfloat16 / float16 inputs when no gradient is needed and fla is installed, else
+    ``("torch", why not)``. Training keeps the torch ops: its GPU checks and measured runs use them."""
+    import torch
+
+    if device.type != "cuda":
+        return "torch", f"device {device.type}"
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return "torch", f"{dtype} inputs"
+    if needs_grad:
+        return "torch", "a gradient is needed (training keeps the torch ops)"
+    if not fla_installed():
+        return "torch", "fla not installed"
+    return "fla", "CUDA inference, fla installed"
 
 
 CHOICES: dict[str, KernelChoice] = {}

@@ -12,19 +12,6 @@ from hylo_bench.decode.mla_layer import MLAServing
 from hylo_bench.models.hybrid import HyLoForCausalLM
 from tests.conftest import make_base, tiny_hybrid_config
 
-
-@pytest.fixture
-def rope_float64(monkeypatch):
-    """transformers' RMSNorm computes in float32 even for float64 inputs; float64 checks use the same maths
-    (weight * x / rms) kept in float64. (The RoPE, :func:`hylo_bench.models.rope.rope_interleaved`, keeps float64.)"""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    def rms_norm(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    monkeypatch.setattr(LlamaRMSNorm, "forward", rms_norm)
-
-
 LAYOUTS = {
     "gdn": {},
     "mamba": {"linear_type": "mamba"},
@@ -64,7 +51,7 @@ def test_engine_greedy_equals_model_generate(kind, batch, chunk):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "gdn-qknorm"])
-def test_prefill_logits_match_full_forward_in_float64(kind, rope_float64):
+def test_prefill_logits_match_full_forward_in_float64(kind, rms_float64):
     model = _model(kind, torch.float64)
     ids = torch.randint(3, 97, (2, 11))
     want = model(ids).logits[:, -1]
@@ -73,7 +60,7 @@ def test_prefill_logits_match_full_forward_in_float64(kind, rope_float64):
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rope_float64):
+def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rms_float64):
     """One MLA layer: prefill 9 tokens, decode the 10th. Absorbed form (engine) vs the module's forward, which
     decompresses K/V per head (checkpoint-format.md §5.1 vs §6)."""
     torch.manual_seed(3)
@@ -97,7 +84,7 @@ def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rope_float64)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_chunked_mla_prefill_equals_the_module_forward_in_float64(qk_norm, rope_float64):
+def test_chunked_mla_prefill_equals_the_module_forward_in_float64(qk_norm, rms_float64):
     """One MLA layer prefilled in chunks of 4, 3 and 3 tokens: every chunk's output equals the module's full causal
     forward. Random q/k norm weights, so the key norm folded into the prefill's decompression weight is exercised
     (the engine tests' norms are ones)."""
@@ -280,7 +267,7 @@ def test_gpu_engine_graphs_and_kernels_match_the_torch_paths(kind):
 
 
 @pytest.mark.parametrize("kind,q_lora_rank", [("gdn", 48), ("gdn-qknorm", None), ("mamba", 48)])
-def test_merged_projections_keep_weights_and_logits(kind, q_lora_rank, rope_float64, tmp_path):
+def test_merged_projections_keep_weights_and_logits(kind, q_lora_rank, rms_float64, tmp_path):
     """Merging the decode projections (GDN q/k/v/a/b/g, MLA q + kv_a, MLP gate + up) rebinds the weights as views of
     one buffer per layer: state dict unchanged, save/load still bit-exact, and prefill and every decode step give
     the unmerged engine's logits (float64)."""
@@ -325,7 +312,7 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     residual adds and final norm folded in; on CPU it runs the kernel's torch reference, so this checks the
     plumbing: prefill and every decode step give the unfused engine's logits (float64), and a Mamba-2 mixer keeps
     its own path (only its MLP is fused). The reference mirrors LlamaRMSNorm (float32 statistics), so no
-    rope_float64 here."""
+    rms_float64 here."""
     torch.manual_seed(0)
     model = HyLoForCausalLM(tiny_hybrid_config(**LAYOUTS[kind])).eval().double()
     with torch.no_grad():

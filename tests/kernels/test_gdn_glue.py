@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hylo_bench.kernels import registry
 from hylo_bench.kernels.gated_delta import glue
 from hylo_bench.kernels.gated_delta.glue import (
     gated_rms_norm,
@@ -69,9 +70,9 @@ def test_auto_picks_torch_off_cuda_and_for_training_and_fla_is_refused_off_cuda(
     assert glue.CHOICE.select(cpu, torch.bfloat16, False) == ("torch", "device cpu")
     assert glue.CHOICE.select(cuda, torch.bfloat16, True)[0] == "torch"
     assert glue.CHOICE.select(cuda, torch.float64, False) == ("torch", "torch.float64 inputs")
-    monkeypatch.setattr(glue, "fla_installed", lambda: True)
+    monkeypatch.setattr(registry, "fla_installed", lambda: True)  # the shared rule, registry.fla_for_inference
     assert glue.CHOICE.select(cuda, torch.bfloat16, False) == ("fla", "CUDA inference, fla installed")
-    monkeypatch.setattr(glue, "fla_installed", lambda: False)
+    monkeypatch.setattr(registry, "fla_installed", lambda: False)
     assert glue.CHOICE.select(cuda, torch.bfloat16, False) == ("torch", "fla not installed")
     with pytest.raises(ValueError, match="GDN glue backend 'fla' needs CUDA / ROCm tensors; got cpu"):
         select_glue_backend("fla", cpu, torch.float32, False)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hylo_bench.decode.linear_layer import LinearServing  # noqa: F401 (imports every decode choice point)
-from hylo_bench.kernels import gated_delta, gemv, mla_decode, prefix_attention, registry, ssd
+from hylo_bench.kernels import gated_delta, gemv, layer_glue, mla_decode, prefix_attention, registry, ssd
 from hylo_bench.kernels.gated_delta import glue
 
 
@@ -18,8 +18,10 @@ def test_every_choice_point_is_registered_with_its_backends_in_priority_order():
     assert {n: c.backends for n, c in registry.CHOICES.items()} == {
         "gdn": ("fla", "torch"), "ssd": ("fla", "torch"), "mla_decode": ("triton", "torch"),
         "gemv": ("triton", "torch"), "gdn_decode": ("triton", "fla", "torch"), "gdn_prestep": ("triton", "torch"),
-        "prefix_attention": ("cudnn_split", "sdpa"), "gdn_glue": ("fla", "torch")}
+        "prefix_attention": ("cudnn_split", "sdpa"), "gdn_glue": ("fla", "torch"),
+        "layer_glue": ("fla", "torch")}
     assert registry.CHOICES["gdn"].env == "HYLO_BENCH_GDN_BACKEND"
+    assert registry.CHOICES["layer_glue"] is layer_glue.CHOICE
     assert registry.CHOICES["gdn_decode"].env == "HYLO_BENCH_GDN_DECODE_BACKEND"
 
 

@@ -17,26 +17,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.registry import KernelChoice, fla_installed, register
+from hylo_bench.kernels.registry import KernelChoice, fla_for_inference, fla_installed, register
 
 __all__ = ["gated_rms_norm", "gated_rms_norm_torch", "select_glue_backend", "short_conv", "short_conv_torch"]
 
 BACKENDS = ("auto", "torch", "fla")
 
 
-def _auto(device: torch.device, dtype: torch.dtype, needs_grad: bool) -> tuple[str, str]:
-    if device.type != "cuda":
-        return "torch", f"device {device.type}"
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return "torch", f"{dtype} inputs"
-    if needs_grad:
-        return "torch", "a gradient is needed (training keeps the torch ops)"
-    if not fla_installed():
-        return "torch", "fla not installed"
-    return "fla", "CUDA inference, fla installed"
-
-
-CHOICE = register(KernelChoice("gdn_glue", "GDN conv / gated-norm backend", ("fla", "torch"), _auto))
+CHOICE = register(KernelChoice("gdn_glue", "GDN conv / gated-norm backend", ("fla", "torch"), fla_for_inference))
 
 
 @torch.compiler.disable  # environment probing and logging: plain Python, never traced
