@@ -11,7 +11,9 @@ preallocated ``StaticCache``, whose decode step transformers compiles on CUDA). 
 its one-time costs (CUDA-graph capture, compilation).
 
 Writes benchmarks/results/ruler_throughput.json (one record per model and length: ``samples_per_s``,
-``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom) after every point.
+``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom; with continuous batching also ``prefill_s``,
+``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs)
+after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
@@ -132,6 +134,12 @@ def main() -> None:
                 secs = time.perf_counter() - t0
                 rec.update(status="ok", seconds=round(secs, 3), samples_per_s=round(rec["num_samples"] / secs, 4),
                            mean_score=out["mean"][str(length)])
+                st = out.get("engine_stats")
+                if st:  # where the time went: the engine's prefill and decode; the rest is host work
+                    rec.update(prefill_s=round(st["prefill_s"], 3), decode_s=round(st["decode_s"], 3),
+                               prefills=st["prefills"], decode_steps=st["decode_steps"],
+                               generated_tokens=st["generated_tokens"],
+                               other_s=round(secs - st["prefill_s"] - st["decode_s"], 3))
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])
             rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)

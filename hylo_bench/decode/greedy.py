@@ -155,6 +155,9 @@ class NativeDecoder:
         self.cuda_graphs = is_hylo(model) and _device_type(model) == "cuda"
         self.engine: Any = None
         self.capacity = 0
+        from hylo_bench.decode.batching import BatchStats
+
+        self.stats = BatchStats(batch_size=batch_size)  # continuous batching's prefill / decode time, summed over calls
         gen_cfg = getattr(model, "generation_config", None)
         penalty = getattr(gen_cfg, "repetition_penalty", None)
         if penalty not in (None, 1.0):
@@ -204,7 +207,7 @@ class NativeDecoder:
         from hylo_bench.decode.batching import Request, continuous_generate
 
         return continuous_generate(engine, [Request(ids=ids, max_new_tokens=max_new_tokens, should_stop=should_stop)
-                                            for ids in prompts], self.eos)
+                                            for ids in prompts], self.eos, stats=self.stats)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
         return [self.tokenizer.decode(tokens, skip_special_tokens=True)

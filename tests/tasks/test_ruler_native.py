@@ -80,6 +80,10 @@ def test_native_continuous_batching_predictions_equal_batch_one(tok, tmp_path, m
     want, got = _predictions(tmp_path / "1"), _predictions(tmp_path / "2")
     assert got == want and [len(p) for p in got] == [5] * len(tasks) and all(t for p in got for t in p)
     assert two["scores"] == one["scores"]
+    assert one["engine_stats"] is None  # batch 1 decodes without continuous batching
+    st = two["engine_stats"]
+    assert (st["batch_size"], st["requests"], st["prefills"]) == (2, 10, 10)
+    assert st["prefill_s"] > 0 and st["decode_s"] > 0 and st["decode_steps"] >= 1
 
 
 def test_generate_until_stops_like_generate(tok):

@@ -119,7 +119,8 @@ def test_tiny_llama_end_to_end_writes_valid_results(tok, tmp_path, one_thread):
     summary = evaluate_model(LlamaForCausalLM(config), tok, INFO, cfg, console=_quiet())
 
     assert set(summary) == {"model", "flavor", "backend", "scores", "mean", "avg", "weighted_avg_inc",
-                            "weighted_avg_dec", "results_path"} and summary["model"] == "tiny/llama"
+                            "weighted_avg_dec", "results_path", "engine_stats"} and summary["model"] == "tiny/llama"
+    assert summary["engine_stats"] is None  # transformers generate(): no engine counters
     assert set(summary["scores"]) == {"niah_single_1", "ruler_vt"}
     assert all(0.0 <= v["1024"] <= 100.0 for v in summary["scores"].values())
     files = list(tmp_path.glob("ruler-tiny_llama-*.json"))

@@ -580,7 +580,10 @@ def evaluate_model(
 
     Returns:
         On rank 0: ``{"model": name, "flavor": str, "scores": {task: {"<L>": score}}, "mean": {"<L>": score},
-        "avg", "weighted_avg_inc", "weighted_avg_dec", "results_path": str}``, scores 0-100; mean = unweighted
+        "avg", "weighted_avg_inc", "weighted_avg_dec", "results_path": str, "engine_stats": dict or None}``,
+        scores 0-100 (``engine_stats``: the native engine's continuous batching, summed over the run:
+        :class:`hylo_bench.decode.batching.BatchStats` as a dict, seconds of prefill and of decode; None for other
+        decoders and batch size 1); mean = unweighted
         mean over the tasks run at that length; avg / wAvg (inc) / wAvg (dec) = plain and length-rank-weighted
         means of ``mean`` (:func:`hylo_bench.tasks.ruler.scoring.weighted_averages`). The results JSON holds the
         same plus ``provenance`` and one record per (task, length). On other ranks: None.
@@ -640,9 +643,11 @@ def evaluate_model(
                 scores.setdefault(task, {})[str(length)] = record["score"]
     if not lead:
         return None
+    stats = getattr(decode, "stats", None)  # the native engine's continuous batching (batch size > 1)
     return {"model": model_info["name"], "flavor": cfg.flavor, "backend": "native", "scores": scores,
             "mean": doc["mean"],
-            **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path)}
+            **{k: doc[k] for k in SUMMARY_KEYS}, "results_path": str(path),
+            "engine_stats": stats.to_dict() if stats is not None and stats.requests else None}
 
 
 def render_tables(summary: dict) -> list[Table]:
