@@ -1,6 +1,7 @@
 """What a RULER-style stream of prompts costs per prefill: prompts of slightly different lengths (as RULER's
 samples are) through ``Engine.prefill_row`` of the Qwen3-1.7B-shaped HyLo 7MLA21GDN (random bf16 weights), per
-prefill chunk size, and which torch ops the element-wise time of one prefill belongs to.
+prefill chunk size, a 64K prefill per layer-glue back end, and which torch ops the element-wise time of one prefill
+belongs to.
 
 A new prompt length gives the last prefill chunk a new shape; cuDNN attention builds one execution graph per
 shape (``hylo_bench.kernels.prefix_attention``), so a length seen for the first time can cost more than a repeat.
@@ -10,6 +11,9 @@ Records (benchmark format, ``benchmarks/results/prefill_shapes.json``, rewritten
 - ``benchmark: prefill_shapes``: one per timed prefill: ``seq_len`` (prompt tokens), ``prefill_chunk``,
   ``new_length`` (this length had not been prefilled before by this engine), ``ttft_s`` (the prefill, synchronised),
   ``order`` (its place in the stream).
+- ``benchmark: prefill_glue``: one 64K prefill (``--ops-chunk``) per layer-glue back end (``--glue``, default
+  ``torch,fla``: ``Engine(layer_glue_backend=...)``, :mod:`hylo_bench.kernels.layer_glue`), the median of three
+  after a warm-up: ``layer_glue``, ``ttft_s``.
 - ``benchmark: prefill_ops``: the ``--top`` torch ops by device time of one prefill (``--ops-chunk``), each with
   its input shapes: ``op``, ``input_shapes``, ``device_s``, ``calls``.
 
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunks", default="8192,16384,32768", help="prefill chunk sizes (tokens), comma-separated")
     ap.add_argument("--ops-chunk", type=int, default=16384, help="chunk of the profiled prefill (0: none)")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--glue", default="torch,fla", help="layer-glue back ends to time ('' = none)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "prefill_shapes.json")
     args = ap.parse_args(argv)
@@ -99,6 +104,23 @@ def main(argv: list[str] | None = None) -> None:
                     rec = base | {"seq_len": n, "order": order, "new_length": n not in seen}
                     seen.add(n)
                     run.add(rec | {"ttft_s": timed(engine, n), "status": "ok"})
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                run.add(_error(base, exc))
+            engine = None
+            free()
+        glues = ["torch"] if args.tiny else [g for g in args.glue.split(",") if g]
+        for glue in glues if args.ops_chunk else []:
+            chunk = 32 if args.tiny else args.ops_chunk
+            base = {"benchmark": "prefill_glue", "layout": info["layout"], "batch_size": 1, "prefill_chunk": chunk,
+                    "seq_len": lengths[0], "layer_glue": glue}
+            if run.left() < 20 and not args.tiny:
+                run.add(base | {"status": "skipped", "error": f"{run.left():.0f} s left"})
+                continue
+            try:
+                engine = Engine(model, 1, max(lengths) + 8, chunk, layer_glue_backend=glue)
+                engine.prefill_row(0, ids[:, : lengths[0]])
+                times = sorted(timed(engine, lengths[0]) for _ in range(3))
+                run.add(base | {"ttft_s": times[1], "status": "ok"})
             except Exception as exc:  # noqa: BLE001 - record and go on
                 run.add(_error(base, exc))
             engine = None
