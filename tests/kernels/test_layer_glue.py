@@ -134,11 +134,16 @@ def test_fla_glue_matches_float64_on_cuda():
 
 @pytest.mark.gpu
 @_CUDA_FLA
-def test_engine_prefill_with_fla_glue_matches_the_modules_on_cuda():
+def test_engine_prefill_with_fla_glue_matches_the_modules_on_cuda(monkeypatch):
+    backends: list[str] = []
+    real = engine_mod.rms_norm
+    monkeypatch.setattr(engine_mod, "rms_norm", lambda x, norm, backend: backends.append(backend) or real(x, norm,
+                                                                                                        backend))
     torch.manual_seed(3)
     model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=True)).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(3, 97, (2, 300), device="cuda")
     fla = Engine(model, 2, 320, 128, layer_glue_backend="fla").prefill(ids)
+    n = len(backends)
     ref = Engine(model, 2, 320, 128, layer_glue_backend="torch").prefill(ids)
-    assert _rel(fla, ref) < 2e-2
-    assert torch.equal(fla.argmax(-1), ref.argmax(-1))
+    assert backends[:n] == ["fla"] * n and backends[n:] == ["torch"] * n and n == 3 * len(model.model.layers)
+    assert _rel(fla, ref) < 2e-2  # bf16 rounding apart (the modules round twice per norm, fla once)
