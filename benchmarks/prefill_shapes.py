@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_envelope
 from batched_decode import Run, _error, _ints, build, free
+from prefill_profile import timed
 
 # prompt lengths of one RULER task's samples at 64K with the demo tokenizer (niah_single_1, 6 samples), then
 # repeats and two more new lengths
@@ -81,14 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (1, max(lengths)), generator=gen)
 
-    def timed(engine, n: int) -> float:
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.prefill_row(0, ids[:, :n])
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    def prefill_s(engine, n: int) -> float:
+        return timed(lambda: engine.prefill_row(0, ids[:, :n]), device)
 
     with torch.inference_mode():
         for chunk in chunks:
@@ -103,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                 for order, n in enumerate(lengths):
                     rec = base | {"seq_len": n, "order": order, "new_length": n not in seen}
                     seen.add(n)
-                    run.add(rec | {"ttft_s": timed(engine, n), "status": "ok"})
+                    run.add(rec | {"ttft_s": prefill_s(engine, n), "status": "ok"})
             except Exception as exc:  # noqa: BLE001 - record and go on
                 run.add(_error(base, exc))
             engine = None
@@ -119,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 engine = Engine(model, 1, max(lengths) + 8, chunk, layer_glue_backend=glue)
                 engine.prefill_row(0, ids[:, : lengths[0]])
-                times = sorted(timed(engine, lengths[0]) for _ in range(3))
+                times = sorted(prefill_s(engine, lengths[0]) for _ in range(3))
                 run.add(base | {"ttft_s": times[1], "status": "ok"})
             except Exception as exc:  # noqa: BLE001 - record and go on
                 run.add(_error(base, exc))

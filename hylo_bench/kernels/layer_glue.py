@@ -22,36 +22,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.registry import KernelChoice, fla_for_inference, fla_installed, register
+from hylo_bench.kernels.registry import KernelChoice, fla_for_inference, register, select_fla_glue_backend
 
 __all__ = ["CHOICE", "add_rms_norm", "rms_norm", "select_layer_glue_backend", "silu_mul"]
-
-BACKENDS = ("auto", "torch", "fla")
 
 CHOICE = register(KernelChoice("layer_glue", "decoder-layer norm / SwiGLU backend", ("fla", "torch"),
                                fla_for_inference))
 
 
-@torch.compiler.disable  # environment probing and logging: plain Python, never traced
 def select_layer_glue_backend(backend: str, device: torch.device, dtype: torch.dtype, needs_grad: bool) -> str:
     """The back end for :func:`rms_norm` / :func:`add_rms_norm` / :func:`silu_mul` ("auto" resolved through the
-    registry, logged once per distinct choice).
+    registry, logged once per distinct choice; :func:`hylo_bench.kernels.registry.select_fla_glue_backend`).
 
     Raises:
         ValueError: unknown backend, or "fla" off CUDA.
         ImportError: "fla" without flash-linear-attention installed.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"layer glue backend {backend!r}; expected one of {BACKENDS}")
-    if backend == "auto":
-        backend, reason = CHOICE.choose(device, dtype, needs_grad)
-        CHOICE.log(backend, reason)
-    if backend == "fla":
-        if device.type != "cuda":
-            raise ValueError(f"layer glue backend 'fla' needs CUDA / ROCm tensors; got {device}. Use 'torch'.")
-        if not fla_installed():
-            raise ImportError("layer glue backend 'fla' needs flash-linear-attention: pip install 'hylo-bench[gpu]'")
-    return backend
+    return select_fla_glue_backend(CHOICE, "layer glue", backend, device, dtype, needs_grad)
 
 
 def rms_norm(x: torch.Tensor, norm: torch.nn.Module, backend: str) -> torch.Tensor:

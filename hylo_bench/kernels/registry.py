@@ -24,6 +24,8 @@ import logging
 import os
 from collections.abc import Callable
 
+import torch
+
 logger = logging.getLogger(__name__)
 ENV_TEMPLATE = "HYLO_BENCH_{}_BACKEND"
 
@@ -97,8 +99,6 @@ def fla_for_inference(device, dtype, needs_grad: bool) -> tuple[str, str]:
     """The availability rule of the inference-only fla glue choices (``gdn_glue``, ``layer_glue``): ``("fla",
     why)`` on CUDA for float32 / bfloat16 / float16 inputs when no gradient is needed and fla is installed, else
     ``("torch", why not)``. Training keeps the torch ops: its GPU checks and measured runs use them."""
-    import torch
-
     if device.type != "cuda":
         return "torch", f"device {device.type}"
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -108,6 +108,41 @@ def fla_for_inference(device, dtype, needs_grad: bool) -> tuple[str, str]:
     if not fla_installed():
         return "torch", "fla not installed"
     return "fla", "CUDA inference, fla installed"
+
+
+@torch.compiler.disable  # environment probing and logging: plain Python, never traced
+def _choose_and_log(choice: "KernelChoice", *args) -> str:
+    backend, reason = choice.choose(*args)
+    choice.log(backend, reason)
+    return backend
+
+
+def select_fla_glue_backend(choice: "KernelChoice", what: str, backend: str, device: torch.device,
+                            dtype: torch.dtype, needs_grad: bool) -> str:
+    """The back end of a torch / fla glue choice point (``gdn_glue``, ``layer_glue``): ``backend`` itself when
+    explicit, else what ``choice`` picks by :func:`fla_for_inference` (and the environment override), logged once.
+    "torch" returns before any probing, so a compiled step traces straight through.
+
+    Args:
+        what: how errors name the choice point ("GDN glue", "layer glue").
+
+    Raises:
+        ValueError: a backend other than "auto" or one of ``choice.backends``, or "fla" off CUDA.
+        ImportError: "fla" without flash-linear-attention installed.
+    """
+    allowed = ("auto",) + choice.backends
+    if backend not in allowed:
+        raise ValueError(f"{what} backend {backend!r}; expected one of {allowed}")
+    if backend == "torch":
+        return backend
+    if backend == "auto":
+        backend = _choose_and_log(choice, device, dtype, needs_grad)
+    if backend == "fla":
+        if device.type != "cuda":
+            raise ValueError(f"{what} backend 'fla' needs CUDA / ROCm tensors; got {device}. Use 'torch'.")
+        if not fla_installed():
+            raise ImportError(f"{what} backend 'fla' needs flash-linear-attention: pip install 'hylo-bench[gpu]'")
+    return backend
 
 
 CHOICES: dict[str, KernelChoice] = {}

@@ -59,11 +59,10 @@ def test_prefill_logits_match_full_forward_in_float64(kind, rms_float64):
     assert torch.allclose(got, want, rtol=0, atol=1e-10 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rms_float64):
-    """One MLA layer: prefill 9 tokens, decode the 10th. Absorbed form (engine) vs the module's forward, which
-    decompresses K/V per head (checkpoint-format.md §5.1 vs §6)."""
-    torch.manual_seed(3)
+def _mla_layer_and_forward(qk_norm: bool, seed: int):
+    """A float64 tiny hybrid's MLA layer (random q/k norm weights when ``qk_norm``), an input x [2, 10, 64] and the
+    module's full causal forward of it [2, 10, 64]."""
+    torch.manual_seed(seed)
     model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=qk_norm)).double().eval()
     mla = model.model.layers[1].mla
     with torch.no_grad():
@@ -71,8 +70,16 @@ def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rms_float64):
             mla.q_norm.weight.uniform_(0.5, 1.5)
             mla.k_norm.weight.uniform_(0.5, 1.5)
         x = torch.randn(2, 10, 64, dtype=torch.float64)
-        pos = torch.arange(10).expand(2, 10)
-        want, _ = mla(x, pos)  # full causal forward; the last row is the 10th token's output
+        want, _ = mla(x, torch.arange(10).expand(2, 10))
+    return mla, x, want
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_absorbed_mla_decode_equals_unabsorbed_in_float64(qk_norm, rms_float64):
+    """One MLA layer: prefill 9 tokens, decode the 10th. Absorbed form (engine) vs the module's forward, which
+    decompresses K/V per head (checkpoint-format.md §5.1 vs §6)."""
+    mla, x, want = _mla_layer_and_forward(qk_norm, seed=3)  # the last row of want is the 10th token's output
+    with torch.no_grad():
         srv = MLAServing(mla, decode_backend="torch")
         slot = srv.new_slot(2, 16)
         srv.prefill(x[:, :9], slot, 0)
@@ -88,15 +95,8 @@ def test_chunked_mla_prefill_equals_the_module_forward_in_float64(qk_norm, rms_f
     """One MLA layer prefilled in chunks of 4, 3 and 3 tokens: every chunk's output equals the module's full causal
     forward. Random q/k norm weights, so the key norm folded into the prefill's decompression weight is exercised
     (the engine tests' norms are ones)."""
-    torch.manual_seed(4)
-    model = HyLoForCausalLM(tiny_hybrid_config(use_qk_norm=qk_norm)).double().eval()
-    mla = model.model.layers[1].mla
+    mla, x, want = _mla_layer_and_forward(qk_norm, seed=4)
     with torch.no_grad():
-        if qk_norm:
-            mla.q_norm.weight.uniform_(0.5, 1.5)
-            mla.k_norm.weight.uniform_(0.5, 1.5)
-        x = torch.randn(2, 10, 64, dtype=torch.float64)
-        want, _ = mla(x, torch.arange(10).expand(2, 10))
         srv = MLAServing(mla, decode_backend="torch")
         slot = srv.new_slot(2, 16)
         got = torch.cat([srv.prefill(x[:, a:b], slot, a) for a, b in ((0, 4), (4, 7), (7, 10))], dim=1)

@@ -83,7 +83,7 @@ def test_auto_picks_torch_off_cuda_and_for_training_and_fla_is_refused_off_cuda(
         short_conv(torch.zeros(1, 3, 2), torch.zeros(2, 4), None)
 
 
-_CUDA_FLA = pytest.mark.skipif(not torch.cuda.is_available() or not glue.fla_installed(), reason="needs CUDA + fla")
+_CUDA_FLA = pytest.mark.skipif(not torch.cuda.is_available() or not registry.fla_installed(), reason="needs CUDA + fla")
 
 
 @pytest.mark.gpu

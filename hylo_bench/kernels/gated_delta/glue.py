@@ -17,42 +17,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hylo_bench.kernels.registry import KernelChoice, fla_for_inference, fla_installed, register
+from hylo_bench.kernels.registry import KernelChoice, fla_for_inference, register, select_fla_glue_backend
 
 __all__ = ["gated_rms_norm", "gated_rms_norm_torch", "select_glue_backend", "short_conv", "short_conv_torch"]
-
-BACKENDS = ("auto", "torch", "fla")
-
 
 CHOICE = register(KernelChoice("gdn_glue", "GDN conv / gated-norm backend", ("fla", "torch"), fla_for_inference))
 
 
-@torch.compiler.disable  # environment probing and logging: plain Python, never traced
-def _choose_and_log(device: torch.device, dtype: torch.dtype, needs_grad: bool) -> str:
-    backend, reason = CHOICE.choose(device, dtype, needs_grad)
-    CHOICE.log(backend, reason)
-    return backend
-
-
 def select_glue_backend(backend: str, device: torch.device, dtype: torch.dtype, needs_grad: bool) -> str:
-    """The back end for :func:`short_conv` / :func:`gated_rms_norm` ("auto" resolved through the registry).
+    """The back end for :func:`short_conv` / :func:`gated_rms_norm` ("auto" resolved through the registry;
+    :func:`hylo_bench.kernels.registry.select_fla_glue_backend`).
 
     Raises:
         ValueError: unknown backend, or "fla" off CUDA.
         ImportError: "fla" without flash-linear-attention installed.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"GDN glue backend {backend!r}; expected one of {BACKENDS}")
-    if backend == "torch":  # no probing: the compiled decode step traces straight through
-        return backend
-    if backend == "auto":
-        backend = _choose_and_log(device, dtype, needs_grad)
-    if backend == "fla":
-        if device.type != "cuda":
-            raise ValueError(f"GDN glue backend 'fla' needs CUDA / ROCm tensors; got {device}. Use 'torch'.")
-        if not fla_installed():
-            raise ImportError("GDN glue backend 'fla' needs flash-linear-attention: pip install 'hylo-bench[gpu]'")
-    return backend
+    return select_fla_glue_backend(CHOICE, "GDN glue", backend, device, dtype, needs_grad)
 
 
 def _needs_grad(*ts: torch.Tensor | None) -> bool:

@@ -229,7 +229,7 @@ def _predict(
     predictions)`` after each batch.
 
     The prompts of the batch after the current one are tokenised on a worker thread while the current batch
-    decodes (a 64K-token prompt takes about 0.1 s on one CPU core; fast tokenizers release the GIL), with its own
+    decodes (a 64K-token prompt takes a tenth of a second or more of CPU; fast tokenizers release the GIL), with its own
     copy of the tokenizer: transformers sets a fast tokenizer's truncation and padding on the shared Rust object at
     every call, so two threads on one tokenizer can fail with "Already borrowed" (huggingface/tokenizers#537,
     huggingface/transformers#47085).
