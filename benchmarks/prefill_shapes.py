@@ -9,7 +9,7 @@ shape (``hylo_bench.kernels.prefix_attention``), so a length seen for the first 
 Records (benchmark format, ``benchmarks/results/prefill_shapes.json``, rewritten after every record):
 
 - ``benchmark: prefill_shapes``: one per timed prefill: ``seq_len`` (prompt tokens), ``prefill_chunk``,
-  ``new_length`` (this length had not been prefilled before by this engine), ``ttft_s`` (the prefill, synchronised),
+  ``query_bucket`` (cuDNN's queries padded to a multiple of it; ``--query-buckets``), ``new_length`` (this length had not been prefilled before by this engine), ``ttft_s`` (the prefill, synchronised),
   ``order`` (its place in the stream).
 - ``benchmark: prefill_glue``: one 64K prefill (``--ops-chunk``) per layer-glue back end (``--glue``, default
   ``torch,fla``: ``Engine(layer_glue_backend=...)``, :mod:`hylo_bench.kernels.layer_glue`), the median of three
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-seconds", type=float, default=200.0)
     ap.add_argument("--chunks", default="8192,16384,32768", help="prefill chunk sizes (tokens), comma-separated")
+    ap.add_argument("--query-buckets", default="",
+                    help="cuDNN query buckets to stream each chunk size with, comma-separated (prefix_attention."
+                         "CUDNN_QUERY_BUCKET; 1 = no padding; '' = the default only)")
     ap.add_argument("--ops-chunk", type=int, default=16384, help="chunk of the profiled prefill (0: none)")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--glue", default="torch,fla", help="layer-glue back ends to time ('' = none)")
@@ -84,9 +87,15 @@ def main(argv: list[str] | None = None) -> None:
     def prefill_s(engine, n: int) -> float:
         return timed(lambda: engine.prefill_row(0, ids[:, :n]), device)
 
+    from hylo_bench.kernels import prefix_attention
+
+    buckets = _ints(args.query_buckets) if args.query_buckets else [prefix_attention.CUDNN_QUERY_BUCKET]
+    default_bucket = prefix_attention.CUDNN_QUERY_BUCKET
     with torch.inference_mode():
-        for chunk in chunks:
-            base = {"benchmark": "prefill_shapes", "layout": info["layout"], "batch_size": 1, "prefill_chunk": chunk}
+        for chunk, bucket in ((c, b) for c in chunks for b in buckets):
+            prefix_attention.CUDNN_QUERY_BUCKET = bucket  # a fresh engine per stream: every length new to it
+            base = {"benchmark": "prefill_shapes", "layout": info["layout"], "batch_size": 1, "prefill_chunk": chunk,
+                    "query_bucket": bucket}
             if run.left() < 20 and not args.tiny:
                 run.add(base | {"status": "skipped", "error": f"{run.left():.0f} s left"})
                 continue
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                 run.add(_error(base, exc))
             engine = None
             free()
+        prefix_attention.CUDNN_QUERY_BUCKET = default_bucket
         glues = ["torch"] if args.tiny else [g for g in args.glue.split(",") if g]
         for glue in glues if args.ops_chunk else []:
             chunk = 32 if args.tiny else args.ops_chunk

@@ -46,6 +46,9 @@ __all__ = ["cudnn_attend", "math_attend", "merge_partial_attention", "prefix_att
 logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "sdpa", "cudnn_split")
 MIN_CUDNN_QUERIES = 128  # shorter chunks (decode tokens) stay on sdpa: no cuDNN graph per key length
+# cuDNN's queries are padded to a multiple of this (split_prefix_attention): RULER prompts of nearby lengths
+# then share one execution graph for their last chunk; at most 511 padded queries per prompt
+CUDNN_QUERY_BUCKET = 512
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -146,31 +149,57 @@ def merge_partial_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: tor
     return torch.lerp(out_b.to(acc), out_a.to(acc), w_a).to(out_a.dtype)
 
 
+def _pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` [B, heads, T, d] with zero rows appended along T up to ``n`` (a new contiguous tensor; ``x`` itself
+    when T == n)."""
+    if x.shape[-2] == n:
+        return x
+    out = x.new_zeros(*x.shape[:-2], n, x.shape[-1])
+    out[..., : x.shape[-2], :] = x
+    return out
+
+
 def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
-                           attend: Attend = cudnn_attend) -> torch.Tensor:
+                           attend: Attend = cudnn_attend, query_bucket: int = 1) -> torch.Tensor:
     """The chunk's attention as an unmasked part (the chunk over the ``start`` prefix keys) and a causal part
     (the chunk over its own T keys), merged by :func:`merge_partial_attention`; one ``attend`` call where a part
     is empty (``start == 0``, or T == 1: no mask at all).
 
+    With ``query_bucket`` > 1 a chunk of T queries whose T is not a multiple of it is padded at its end with zero
+    queries (and, in the causal part, zero keys and values) up to the next multiple, and the padding's outputs
+    are dropped. The causal mask keeps every real query t from the padded keys (they sit after it), and the
+    unmasked part's keys are unchanged, so the result is the unpadded one; but a stream of prompts of slightly
+    different lengths (RULER's samples) gives cuDNN a handful of shapes instead of a new shape, and a new
+    execution graph, per prompt.
+
     Args:
         q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V]. G divides H. scale: softmax scale.
         start: S - T (>= 0). attend: (q, k, v, causal, scale) -> (out, lse), as :func:`cudnn_attend`.
+        query_bucket: pad T up to a multiple of this (1: never pad; T == 1 is never padded).
 
     Returns:
         [B, H, T, d_V].
 
     Raises:
-        ValueError: ``start`` is not S - T.
+        ValueError: ``start`` is not S - T, or ``query_bucket`` < 1.
     """
     T, S = q.shape[-2], k.shape[-2]
     if start != S - T:
         raise ValueError(f"start={start} but the keys hold {S} tokens for a {T}-token chunk (expected {S - T})")
-    if T == 1 or start == 0:
-        return attend(q, k, v, T > 1, scale)[0]
-    out_a, lse_a = attend(q, k[:, :, :start], v[:, :, :start], False, scale)
-    # the diagonal's own copies: the same shape and strides at every chunk, so cuDNN reuses one graph for them
-    out_b, lse_b = attend(q, k[:, :, start:].contiguous(), v[:, :, start:].contiguous(), True, scale)
-    return merge_partial_attention(out_a, lse_a, out_b, lse_b)
+    if query_bucket < 1:
+        raise ValueError(f"query_bucket must be >= 1, got {query_bucket}")
+    if T == 1:
+        return attend(q, k, v, False, scale)[0]
+    padded = -(-T // query_bucket) * query_bucket
+    qp = _pad_tokens(q, padded)
+    # the diagonal's own keys as copies: the same shape and strides at every chunk, so cuDNN reuses one graph
+    k_own, v_own = (k, v) if start == 0 else (k[:, :, start:].contiguous(), v[:, :, start:].contiguous())
+    k_own, v_own = _pad_tokens(k_own, padded), _pad_tokens(v_own, padded)
+    out_b, lse_b = attend(qp, k_own, v_own, True, scale)
+    if start == 0:
+        return out_b[..., :T, :]
+    out_a, lse_a = attend(qp, k[:, :, :start], v[:, :, :start], False, scale)
+    return merge_partial_attention(out_a, lse_a, out_b, lse_b)[..., :T, :]
 
 
 @functools.cache
@@ -253,7 +282,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         if why:
             raise ValueError(f"prefill attention backend cudnn_split cannot run here: {why}; use 'sdpa'")
         try:
-            return split_prefix_attention(q, k, v, scale, start)
+            return split_prefix_attention(q, k, v, scale, start, query_bucket=CUDNN_QUERY_BUCKET)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as exc:

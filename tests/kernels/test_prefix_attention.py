@@ -56,6 +56,32 @@ def test_split_and_merge_equal_lower_right_causal_attention(T, S):
     assert torch.allclose(prefix_attention(q, k, v, scale, S - T), ref, atol=1e-12, rtol=0)  # auto -> sdpa on CPU
 
 
+@pytest.mark.parametrize("T,S", [(5, 12), (6, 6), (3, 3), (8, 20), (1, 9)])
+def test_padded_queries_give_the_unpadded_attention_and_bucketed_shapes(T, S):
+    """Padding a chunk's queries (and its own keys) to a multiple of 4 changes no real query's output (float64,
+    against the per-query loop), and every call the back end sees has a multiple of 4 queries (T == 1 unpadded)."""
+    q, k, v = _inputs(2, 4, 2, T, S, 8, 6, seed=3)
+    scale = 1 / math.sqrt(8)
+    shapes = []
+
+    def attend(q, k, v, causal, scale):
+        shapes.append((q.shape[-2], k.shape[-2], causal))
+        return math_attend(q, k, v, causal, scale)
+
+    out = split_prefix_attention(q, k, v, scale, S - T, attend=attend, query_bucket=4)
+    assert out.shape == (2, 4, T, 6)
+    assert torch.allclose(out, _loop_reference(q, k, v, scale, S - T), atol=1e-12, rtol=0)
+    padded = -(-T // 4) * 4 if T > 1 else 1
+    want = [(padded, padded if T > 1 else S, T > 1)] + ([(padded, S - T, False)] if S > T and T > 1 else [])
+    assert shapes == want
+
+
+def test_split_refuses_a_query_bucket_below_one():
+    q, k, v = _inputs(1, 2, 1, 3, 7, 4, 4)
+    with pytest.raises(ValueError, match="query_bucket must be >= 1, got 0"):
+        split_prefix_attention(q, k, v, 1.0, 4, attend=math_attend, query_bucket=0)
+
+
 def test_math_attend_log_sum_exp_is_the_scores_log_normaliser():
     q, k, v = _inputs(1, 2, 1, 3, 7, 4, 4)
     out, lse = math_attend(q, k, v, False, 0.5)
