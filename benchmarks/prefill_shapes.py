@@ -9,7 +9,8 @@ shape (``hylo_bench.kernels.prefix_attention``), so a length seen for the first 
 Records (benchmark format, ``benchmarks/results/prefill_shapes.json``, rewritten after every record):
 
 - ``benchmark: prefill_shapes``: one per timed prefill: ``seq_len`` (prompt tokens), ``prefill_chunk``,
-  ``query_bucket`` (cuDNN's queries padded to a multiple of it; ``--query-buckets``), ``new_length`` (this length had not been prefilled before by this engine), ``ttft_s`` (the prefill, synchronised),
+  ``query_bucket`` (cuDNN's queries padded to a multiple of it; ``--query-buckets``), ``new_length`` (this length
+  had not been prefilled before by this engine), ``ttft_s`` (the prefill, synchronised),
   ``order`` (its place in the stream).
 - ``benchmark: prefill_glue``: one 64K prefill (``--ops-chunk``) per layer-glue back end (``--glue``, default
   ``torch,fla``: ``Engine(layer_glue_backend=...)``, :mod:`hylo_bench.kernels.layer_glue`), the median of three
