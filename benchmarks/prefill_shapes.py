@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     default_bucket = prefix_attention.CUDNN_QUERY_BUCKET
     with torch.inference_mode():
         for chunk, bucket in ((c, b) for c in chunks for b in buckets):
-            prefix_attention.CUDNN_QUERY_BUCKET = bucket  # a fresh engine per stream: every length new to it
+            # new_length is per stream (a fresh engine each); torch's cuDNN graph cache is per process, so a later
+            # stream may reuse graphs an earlier one built for the same shapes and strides
+            prefix_attention.CUDNN_QUERY_BUCKET = bucket
             base = {"benchmark": "prefill_shapes", "layout": info["layout"], "batch_size": 1, "prefill_chunk": chunk,
                     "query_bucket": bucket}
             if run.left() < 20 and not args.tiny:
