@@ -12,8 +12,9 @@ its one-time costs (CUDA-graph capture, compilation).
 
 Writes benchmarks/results/ruler_throughput.json (one record per model and length: ``samples_per_s``,
 ``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom; with continuous batching also ``prefill_s``,
-``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs)
-after every point.
+``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs;
+``prefill_first_s``, ``prefill_median_s``, ``prefill_max_s``: one prompt's prefill, the first of the point and
+the median and slowest of all) after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
@@ -139,6 +140,8 @@ def main() -> None:
                     rec.update(prefill_s=round(st["prefill_s"], 3), decode_s=round(st["decode_s"], 3),
                                prefills=st["prefills"], decode_steps=st["decode_steps"],
                                generated_tokens=st["generated_tokens"],
+                               **{k: round(st[k], 3) for k in ("prefill_first_s", "prefill_median_s",
+                                                               "prefill_max_s") if st.get(k) is not None},
                                other_s=round(secs - st["prefill_s"] - st["decode_s"], 3))
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -51,6 +52,7 @@ class BatchStats:
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    prefill_times_s: list[float] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -64,8 +66,14 @@ class BatchStats:
         return self.requests / total if total > 0 else None
 
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.update(tokens_per_s=self.tokens_per_s, requests_per_s=self.requests_per_s)
+        """The counters and totals, plus the per-prefill seconds summarised (first, median, max: a run's first
+        prefill at a new length pays one-time costs, cuDNN graphs and kernel tuning); the list itself stays out."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "prefill_times_s"}
+        times = self.prefill_times_s
+        out.update(tokens_per_s=self.tokens_per_s, requests_per_s=self.requests_per_s,
+                   prefill_first_s=times[0] if times else None,
+                   prefill_median_s=statistics.median(times) if times else None,
+                   prefill_max_s=max(times) if times else None)
         return out
 
 
@@ -124,7 +132,8 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             t0 = time.perf_counter()
             logits = engine.prefill_row(b, torch.tensor([list(req.ids)], dtype=torch.long))
             token = int(logits.argmax(-1)[0].item())
-            stats.prefill_s += time.perf_counter() - t0
+            stats.prefill_times_s.append(time.perf_counter() - t0)
+            stats.prefill_s += stats.prefill_times_s[-1]
             stats.prefills += 1
             stats.prefill_tokens += len(req.ids)
             out: list[int] = []

@@ -62,6 +62,11 @@ def test_continuous_batching_equals_batch_one_and_naive_loop(kind):
                               stats)
     assert got == want
     assert stats.prefills == len(prompts) and stats.prefill_tokens == sum(LENGTHS)
+    times = stats.prefill_times_s  # one wall time per prefill, summing to the total
+    assert len(times) == len(prompts) and sum(times) == pytest.approx(stats.prefill_s, rel=1e-12)
+    d = stats.to_dict()
+    assert "prefill_times_s" not in d and d["prefill_first_s"] == times[0] and d["prefill_max_s"] == max(times)
+    assert d["prefill_median_s"] == sorted(times)[len(times) // 2]  # 7 prefills: the 4th smallest
     assert stats.generated_tokens == sum(len(w) for w in want)
     # a used engine (every slot is reset by its next prefill), no EOS: the schedule is the budgets' alone. A request
     # of n tokens takes its first from the prefill and n - 1 decode steps. Slots 0/1/2 take requests 0 (6), 1 (3),

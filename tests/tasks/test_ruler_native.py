@@ -84,6 +84,7 @@ def test_native_continuous_batching_predictions_equal_batch_one(tok, tmp_path, m
     st = two["engine_stats"]
     assert (st["batch_size"], st["requests"], st["prefills"]) == (2, 10, 10)
     assert st["prefill_s"] > 0 and st["decode_s"] > 0 and st["decode_steps"] >= 1
+    assert 0 < st["prefill_median_s"] <= st["prefill_max_s"] <= st["prefill_s"] and st["prefill_first_s"] > 0
 
 
 def test_generate_until_stops_like_generate(tok):
