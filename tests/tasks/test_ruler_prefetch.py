@@ -1,4 +1,5 @@
-"""RULER decoding tokenises the next batch on a worker thread, with its own tokenizer copy, while a batch decodes."""
+"""RULER decoding tokenises the next batch on worker threads, each with its own tokenizer copy, while a batch
+decodes."""
 
 from __future__ import annotations
 
@@ -61,3 +62,55 @@ def test_a_decode_error_is_raised_without_tokenising_every_remaining_prompt():
     with pytest.raises(ValueError, match="engine refused"):
         R._predict(decode, tok, samples, cfg, 8, lambda b, p: None)
     assert len(log) <= 4  # this batch and the next one at most
+
+
+class _CountingTok(_Tok):
+    """Counts its copies; every encode waits at ``barrier`` when one is set (two encodes at once pass it)."""
+
+    def __init__(self, log, copies: list, barrier: threading.Barrier | None = None):
+        super().__init__(log, {})
+        self.copies, self.barrier = copies, barrier
+
+    def __deepcopy__(self, memo):
+        twin = _CountingTok(self.log, self.copies, self.barrier)
+        self.copies.append(twin)
+        return twin
+
+    def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        if self.barrier is not None:
+            self.barrier.wait(timeout=5)  # BrokenBarrierError unless another thread encodes at the same time
+        self.log.append((prompt, id(self), threading.current_thread().name))
+
+        class Out:
+            input_ids = [ord(c) for c in prompt]
+        return Out()
+
+
+def test_workers_encode_at_once_on_their_own_copies_and_serve_several_calls():
+    log: list = []
+    copies: list = []
+    tok = _CountingTok(log, copies, threading.Barrier(2))
+    cfg = R.RulerConfig(model="m", lengths=[1024], tasks=["niah_single_1"], samples=4, results_dir="r", batch_size=2)
+    got: list[tuple[int, str]] = []
+
+    def decode(ids, max_new):
+        return ["".join(map(chr, x)).upper() for x in ids]
+
+    with R.PromptEncoder(tok, chat_template=False, workers=2) as enc:
+        for task_prompts in ("abcd", "wxyz"):  # two tasks' calls through one encoder
+            samples = [{"prompt": p, "index": i} for i, p in enumerate(task_prompts)]
+            R._predict(decode, tok, samples, cfg, 8, lambda b, p: got.extend((s["index"], q) for s, q in zip(b, p)),
+                       enc)
+    assert got == [(0, "A"), (1, "B"), (2, "C"), (3, "D"), (0, "W"), (1, "X"), (2, "Y"), (3, "Z")]
+    assert len(copies) == 2  # made once for both calls
+    users = {(obj, thread) for _, obj, thread in log}
+    assert {obj for obj, _ in users} == {id(c) for c in copies} and len(users) == 2  # one copy per thread
+    assert sorted(p for p, *_ in log) == sorted("abcdwxyz")
+
+
+def test_encoder_worker_counts(monkeypatch):
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        R.PromptEncoder(object(), chat_template=False, workers=0)
+    for cores, want in ((None, 1), (1, 1), (2, 1), (3, 2), (16, R.ENCODE_WORKERS_MAX)):
+        monkeypatch.setattr(R.os, "cpu_count", lambda c=cores: c)
+        assert R.encode_workers() == want

@@ -11,8 +11,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import re
 import statistics
+import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -220,32 +222,80 @@ def _progress(console: Console | None, disable: bool = False) -> Progress:
     return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True), disable=disable)
 
 
+ENCODE_WORKERS_MAX = 4
+
+
+def encode_workers() -> int:
+    """Threads that tokenise prompts while the GPU decodes: one per spare CPU core, at most
+    :data:`ENCODE_WORKERS_MAX` (each holds its own tokenizer copy), at least one."""
+    return max(1, min(ENCODE_WORKERS_MAX, (os.cpu_count() or 1) - 1))
+
+
+class PromptEncoder:
+    """Token ids of prompts (:func:`encode_prompt`) on worker threads, each with its own copy of the tokenizer:
+    transformers sets a fast tokenizer's truncation and padding on the shared Rust object at every call, so two
+    threads on one tokenizer can fail with "Already borrowed" (huggingface/tokenizers#537,
+    huggingface/transformers#47085). Fast tokenizers release the GIL while encoding, so ``workers`` threads encode
+    that many prompts at once (a 64K-token prompt takes about a tenth of a second of CPU).
+
+    The copies are made here, once, on the calling thread; one encoder serves a whole RULER run.
+
+    Raises:
+        ValueError: ``workers`` < 1.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: bool, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        copies = [copy.deepcopy(tokenizer) for _ in range(workers)]
+        self._local = threading.local()
+        self.chat_template, self.workers = chat_template, workers
+
+        def take_copy() -> None:  # once per worker thread; list.pop is atomic
+            self._local.tokenizer = copies.pop()
+
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ruler-encode", initializer=take_copy)
+
+    def submit(self, prompt: str) -> Future:
+        """A future of the prompt's token ids (list[int])."""
+        return self._pool.submit(lambda: encode_prompt(self._local.tokenizer, prompt, self.chat_template))
+
+    def close(self) -> None:
+        """Stop the workers; prompts not yet started are dropped."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> PromptEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _predict(
     decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
-    on_batch: Callable[[list[dict], list[str]], None],
+    on_batch: Callable[[list[dict], list[str]], None], encoder: PromptEncoder | None = None,
 ) -> None:
     """Decode ``samples`` in batches of ``cfg.batch_size`` (times the decoder's ``requests_per_call``, when it has
     one: a continuous-batching decoder keeps its slots full over several prompts per slot); ``on_batch(batch,
     predictions)`` after each batch.
 
-    The prompts of the batch after the current one are tokenised on a worker thread while the current batch
-    decodes (a 64K-token prompt takes a tenth of a second or more of CPU; fast tokenizers release the GIL), with its own
-    copy of the tokenizer: transformers sets a fast tokenizer's truncation and padding on the shared Rust object at
-    every call, so two threads on one tokenizer can fail with "Already borrowed" (huggingface/tokenizers#537,
-    huggingface/transformers#47085).
+    The prompts of this batch and the next are tokenised on ``encoder``'s worker threads (a one-thread
+    :class:`PromptEncoder` of ``tokenizer`` for this call when None), so the next batch's prompts are ready when
+    this one has decoded; only the first batch waits for its own prompts.
 
     A batch that runs out of GPU memory is retried at half the batch size (and the rest of the samples keep the
-    smaller size), down to one sample; the out-of-memory error of a single sample is raised.
+    smaller size), down to one sample; the out-of-memory error of a single sample is raised. On any error the
+    prompts not yet tokenised are dropped.
     """
     size, start = cfg.batch_size * getattr(decode, "requests_per_call", 1), 0
     encoded: dict[int, Future] = {}
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ruler-encode")
-    worker_tok = copy.deepcopy(tokenizer)
+    own = encoder is None
+    enc = PromptEncoder(tokenizer, cfg.chat_template) if own else encoder
 
     def ensure(lo: int, hi: int) -> None:
         for i in range(lo, min(hi, len(samples))):
             if i not in encoded:
-                encoded[i] = pool.submit(encode_prompt, worker_tok, samples[i]["prompt"], cfg.chat_template)
+                encoded[i] = enc.submit(samples[i]["prompt"])
 
     try:
         while start < len(samples):
@@ -269,7 +319,10 @@ def _predict(
                 del encoded[i]
             start += len(batch)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # an error is raised without tokenising the rest
+        for fut in encoded.values():  # an error is raised without tokenising the rest
+            fut.cancel()
+        if own:
+            enc.close()
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -502,7 +555,7 @@ SINGLE = Shard(rank=0, world_size=1, barrier=lambda: None)
 
 def _task_predictions(
     decode: Decoder, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig, shard: Shard,
-    advance: Callable[[int], None],
+    advance: Callable[[int], None], encoder: PromptEncoder | None = None,
 ) -> list[str] | None:
     """Predictions for ``samples`` in index order (rank 0; None on other ranks).
 
@@ -527,7 +580,7 @@ def _task_predictions(
         advance(len(batch))
 
     todo = [s for s in samples if s["index"] not in done][shard.rank :: shard.world_size]
-    _predict(decode, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch)
+    _predict(decode, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch, encoder)
     shard.barrier()
     if shard.rank != 0:
         return None
@@ -610,7 +663,8 @@ def evaluate_model(
         model.eval()
     decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size)
     scores: dict[str, dict[str, float]] = {}
-    with _progress(console, disable=not lead) as progress:
+    encoder = PromptEncoder(tokenizer, cfg.chat_template, encode_workers())
+    with _progress(console, disable=not lead) as progress, encoder:
         bar = progress.add_task("ruler", total=len(cfg.lengths) * len(cfg.tasks) * cfg.samples)
         for length in cfg.lengths:
             for task in cfg.tasks:
@@ -626,7 +680,7 @@ def evaluate_model(
                     flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
                 )
                 preds = _task_predictions(decode, tokenizer, samples, task, pred_path, cfg, shard,
-                                          lambda k: progress.advance(bar, k))
+                                          lambda k: progress.advance(bar, k), encoder)
                 if not lead:
                     continue
                 record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
