@@ -46,10 +46,13 @@ ONE_PASS_NORM = False
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_warps=w)
             for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (4, 2048, 8), (8, 256, 4), (8, 512, 4),
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
-            for pf in (False, True)]
+            for pf in (0, 1, 2)]
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
+# one-row GEMVs whose weight has at least this many bytes take the persistent kernel whatever KERNEL says (None:
+# never): it streams a large weight (lm_head) closer to copy bandwidth than the row-block kernel
+PERSISTENT_MIN_BYTES: int | None = None
 ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows (module docstring); "rowblock": KERNEL's form for every M
 ROWS_KERNELS = ("dot", "dot_fused", "torch", "rowblock")
 _DOT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
@@ -109,9 +112,9 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
 
     ONE_PASS (RMSNorm): sum(x^2) accumulates in the main loop and the products use w_norm * x unrounded; the
     1/rms scale multiplies the sums at the end (exact in real arithmetic; saves the dependent first pass over x,
-    and skips the two bf16 roundings LlamaRMSNorm applies to the normalised input). PREFETCH: the next W tile is
-    loaded before the current one is used (two tiles in flight per program). PDL (launched with programmatic
-    dependent launch, Hopper+): the first W tile is loaded before waiting for the previous kernel (W does not
+    and skips the two bf16 roundings LlamaRMSNorm applies to the normalised input). PREFETCH: how many W tiles
+    ahead of the one being multiplied are loaded (0, 1 or 2). PDL (launched with programmatic dependent launch,
+    Hopper+): the first max(1, PREFETCH) W tiles are loaded before waiting for the previous kernel (W does not
     depend on it; x and the residual do), and the next kernel may launch once every program has started."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -121,9 +124,12 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm
     g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
-    if PREFETCH or PDL:
+    if PREFETCH > 0 or PDL:
         offs_k0 = tl.arange(0, BLOCK_K)
         w_next = tl.load(w_rows + offs_k0[None, :], mask=mask_n[:, None] & (offs_k0[None, :] < K), other=0.0)
+    if PREFETCH == 2:
+        offs_k1 = BLOCK_K + tl.arange(0, BLOCK_K)
+        w_next2 = tl.load(w_rows + offs_k1[None, :], mask=mask_n[:, None] & (offs_k1[None, :] < K), other=0.0)
     if PDL:  # everything below reads the previous kernel's output (x, residual) or writes ours
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -139,7 +145,12 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask_x = mask_m[:, None] & mask_k[None, :]
-        if PREFETCH or PDL:
+        if PREFETCH == 2:
+            w = w_next.to(tl.float32)
+            w_next = w_next2
+            offs_kn = offs_k + 2 * BLOCK_K
+            w_next2 = tl.load(w_rows + offs_kn[None, :], mask=mask_n[:, None] & (offs_kn[None, :] < K), other=0.0)
+        elif PREFETCH > 0 or PDL:
             w = w_next.to(tl.float32)
             offs_kn = offs_k + BLOCK_K
             w_next = tl.load(w_rows + offs_kn[None, :], mask=mask_n[:, None] & (offs_kn[None, :] < K), other=0.0)
@@ -383,12 +394,15 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
                 residual, gate)
         _rows_gemv(ROWS_KERNEL, *args)
         return y.view(*lead, N)
-    if KERNEL != "rowblock":
+    kernel = KERNEL
+    if M == 1 and PERSISTENT_MIN_BYTES is not None and N * K * weight.element_size() >= PERSISTENT_MIN_BYTES:
+        kernel = "persistent"
+    if kernel != "rowblock":
         dev = (x.device.index if x.device.index is not None else torch.cuda.current_device()) \
             if x.device.type == "cuda" else -1
         if dev not in _N_SM:  # -1: Triton's interpreter on CPU (tests), four "multiprocessors"
             _N_SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count if dev >= 0 else 4
-        tma = KERNEL == "persistent_tma"
+        tma = kernel == "persistent_tma"
         wd = TensorDescriptor.from_tensor(weight, [1, 16]) if tma else weight  # box set per config (_tma_block_hook)
         kern = _fused_gemv_tma_kernel if tma else _fused_gemv_persistent_kernel
         kern[_persistent_grid(_N_SM[dev])](
