@@ -260,6 +260,40 @@ def test_triton_kernel_on_cuda_bf16(M, N, K, rows_kernel, mode, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("M,N,K,block_k", [(1, 9228, 2048, 1024), (1, 2048, 6144, 512), (3, 130, 300, 128)])
+@pytest.mark.parametrize("mode", ["norm", "glu+res"])
+def test_rowblock_prefetch_levels_on_cuda_bf16(prefetch, M, N, K, block_k, mode, monkeypatch):
+    """Each PREFETCH level (tiles loaded ahead; with PDL the first ones before the wait), forced as the only config:
+    two and more K tiles per program, and a K that is not a multiple of the tile."""
+    triton = pytest.importorskip("triton")
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "ROWS_KERNEL", "rowblock")
+    monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 4, "BLOCK_K": block_k, "PREFETCH": prefetch}, num_warps=4)])
+    monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})
+    _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_persistent_min_bytes_sends_large_weights_to_the_persistent_kernel(monkeypatch):
+    """A one-row GEMV at or above PERSISTENT_MIN_BYTES runs the persistent kernel (its autotuner sees the shape),
+    one below it the row-block kernel; both match the reference."""
+    pytest.importorskip("triton")
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "PERSISTENT_MIN_BYTES", 4096 * 2048 * 2)
+    monkeypatch.setattr(tk._fused_gemv_persistent_kernel, "cache", {})
+    _check_triton(1, 4096, 2048, "norm", torch.bfloat16, "cuda")
+    assert any(k[:2] == (4096, 2048) for k in tk._fused_gemv_persistent_kernel.cache)
+    _check_triton(1, 4095, 2048, "norm", torch.bfloat16, "cuda")
+    assert not any(k[0] == 4095 for k in tk._fused_gemv_persistent_kernel.cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("M", [1, 4, 8])
 def test_gated_norm_prologue_on_cuda_bf16(M):
     """GDN's o_proj shape (12 heads of 256) with its gated norm, one rounding of the normalised input."""
