@@ -6,14 +6,14 @@ launch: it loads its first weight tiles while the kernel before it drains), so t
 the fastest in the chain. This script builds the Qwen3-1.7B-shaped 7MLA21GDN engine (random bf16 weights, CUDA
 graphs, ``torch.compile``) at one context, then for each GEMV shape the step uses (largest first) tries every
 config of the kernel's list with the other shapes held at their current best, timing the whole step (median TPOT
-of ``--steps`` graph replays); a second pass repeats the descent from the first pass's result. It then tries the
-persistent kernel for the largest weight (``lm_head``, ``triton_kernel.PERSISTENT_MIN_BYTES``), and times the
-standalone-autotuned and the step-tuned configs interleaved.
+of ``--steps`` graph replays; every trial is recorded under ``trials``); a second pass repeats the descent from the
+first pass's result. It then times the standalone-autotuned configs, the step-tuned ones and the table the package
+ships, interleaved.
 
 Records (``benchmarks/results/gemv_step_tune.json``): ``kind: gemv_shape`` per shape (its key, weight bytes, the
 standalone and the step-tuned config, the step TPOT with each); ``kind: decode`` for the A/B rounds (``variant``
-``standalone`` | ``step_tuned``, ``tpot_s``, ``bound_tpot_s``, ``fraction_of_bound``). ``--table`` writes the
-step-tuned configs in the format of ``hylo_bench/kernels/gemv/tuned/*.json``.
+``standalone`` | ``step_tuned`` | ``shipped_table``, ``tpot_s``, ``bound_tpot_s``, ``fraction_of_bound``).
+``--table`` writes the step-tuned configs in the format of ``hylo_bench/kernels/gemv/tuned/<device>.json``.
 
 Usage (one H200, about 6 minutes)::
 
@@ -61,6 +61,7 @@ def main() -> None:
     from hylo_bench.decode.engine import Engine
     from hylo_bench.kernels.gemv import triton_kernel as tk
 
+    tk.USE_TUNED = False  # the descent sets the autotuner's per-shape picks; the shipped table is one A/B variant
     device, dtype = "cuda", torch.bfloat16
     env = result_envelope("gemv_step_tune")
     model, info = build(device, dtype, False)
@@ -106,17 +107,6 @@ def main() -> None:
                   f"{time.monotonic() - t_start:.0f} s)", flush=True)
     tuned = {k: kern.cache[k] for k in keys}
 
-    # the persistent kernel for the largest weight (lm_head), on top of the tuned table
-    t_rowblock = tpot()
-    tk.PERSISTENT_MIN_BYTES = 2 ** 28
-    t_persistent = tpot()
-    use_persistent = t_persistent < t_rowblock * 0.998
-    env["persistent_lm_head"] = {"rowblock_tpot_s": t_rowblock, "persistent_tpot_s": t_persistent,
-                                 "kept": use_persistent}
-    print(env["persistent_lm_head"], flush=True)
-    if not use_persistent:
-        tk.PERSISTENT_MIN_BYTES = None
-
     for key in keys:
         field = dict(zip(kern.keys, key))
         kern.cache[key] = standalone[key]
@@ -126,12 +116,11 @@ def main() -> None:
                                "standalone_config": config_dict(standalone[key]),
                                "step_tuned_config": config_dict(tuned[key]), "status": "ok"})
     # interleaved A/B with more steps: standalone-autotuned table vs step-tuned table
-    persistent = tk.PERSISTENT_MIN_BYTES
     for r in range(args.ab_rounds):
-        for variant, table in (("standalone", standalone), ("step_tuned", tuned)):
+        for variant, table in (("standalone", standalone), ("step_tuned", tuned), ("shipped_table", standalone)):
             for k in keys:
                 kern.cache[k] = table[k]
-            tk.PERSISTENT_MIN_BYTES = persistent if variant == "step_tuned" else None
+            tk.USE_TUNED = variant == "shipped_table"  # hylo_bench/kernels/gemv/tuned/<device>.json
             t = tpot(4 * args.steps)
             env["records"].append({"kind": "decode", "variant": variant, "round": r, "seq_len": T, "batch_size": 1,
                                    "tpot_s": t, "tokens_per_s": 1 / t, "bytes_per_step": nbytes,
@@ -141,7 +130,7 @@ def main() -> None:
             write_result(args.out, env)
     dec = [r for r in env["records"] if r["kind"] == "decode"]
     env["summary"] = {v: statistics.median(r["fraction_of_bound"] for r in dec if r["variant"] == v)
-                      for v in ("standalone", "step_tuned")}
+                      for v in ("standalone", "step_tuned", "shipped_table")}
     env.update(baseline_tpot_s=base, descent_trials=trials, elapsed_s=time.monotonic() - t_start)
     write_result(args.out, env)
     print(env["summary"], flush=True)
@@ -149,7 +138,7 @@ def main() -> None:
         entries = [{k: v for k, v in r.items() if k in ("N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES")}
                    | r["step_tuned_config"] for r in env["records"] if r["kind"] == "gemv_shape"]
         table = {"device": torch.cuda.get_device_name(0), "source": f"benchmarks/gemv_step_tune.py at git "
-                 f"{env['git_sha']}, {info['layout']} at {T} tokens", "persistent_min_bytes": persistent,
+                 f"{env['git_sha']}, {info['layout']} at {T} tokens",
                  "rowblock": entries}
         atomic_write_text(args.table, json.dumps(table, indent=1) + "\n")
 

@@ -270,6 +270,7 @@ def test_rowblock_prefetch_levels_on_cuda_bf16(prefetch, M, N, K, block_k, mode,
     from hylo_bench.kernels.gemv import triton_kernel as tk
 
     monkeypatch.setattr(tk, "ROWS_KERNEL", "rowblock")
+    monkeypatch.setattr(tk, "USE_TUNED", False)  # the device's tuned table would override the forced config
     monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
                         [triton.Config({"BLOCK_N": 4, "BLOCK_K": block_k, "PREFETCH": prefetch}, num_warps=4)])
     monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})
@@ -278,18 +279,30 @@ def test_rowblock_prefetch_levels_on_cuda_bf16(prefetch, M, N, K, block_k, mode,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_persistent_min_bytes_sends_large_weights_to_the_persistent_kernel(monkeypatch):
-    """A one-row GEMV at or above PERSISTENT_MIN_BYTES runs the persistent kernel (its autotuner sees the shape),
-    one below it the row-block kernel; both match the reference."""
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_tuned_table_entry_is_launched_and_matches_reference(prefetch, tmp_path, monkeypatch):
+    """A table for this device (tuned/<device name>.json) with the shape: the kernel runs the table's config, not
+    an autotuned one (the autotuner never sees the shape), and matches the reference."""
     pytest.importorskip("triton")
-    from hylo_bench.kernels.gemv import triton_kernel as tk
+    import json
 
-    monkeypatch.setattr(tk, "PERSISTENT_MIN_BYTES", 4096 * 2048 * 2)
-    monkeypatch.setattr(tk._fused_gemv_persistent_kernel, "cache", {})
-    _check_triton(1, 4096, 2048, "norm", torch.bfloat16, "cuda")
-    assert any(k[:2] == (4096, 2048) for k in tk._fused_gemv_persistent_kernel.cache)
-    _check_triton(1, 4095, 2048, "norm", torch.bfloat16, "cuda")
-    assert not any(k[0] == 4095 for k in tk._fused_gemv_persistent_kernel.cache)
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+    from hylo_bench.kernels.gemv import tuned
+
+    entry = {"N": 640, "K": 1040, "M_PAD": 1, "PROLOGUE": 1, "GROUP": 1, "HAS_RES": False, "BLOCK_N": 4,
+             "BLOCK_K": 256, "PREFETCH": prefetch, "num_warps": 4}
+    tuned.table_path(torch.cuda.get_device_name(), tmp_path).write_text(json.dumps({"rowblock": [entry]}))
+    monkeypatch.setattr(tuned, "TABLE_DIR", tmp_path)
+    tuned._device_table.cache_clear()
+    monkeypatch.setattr(tk, "USE_TUNED", True)
+    monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})
+    try:
+        _check_triton(1, 640, 1040, "norm", torch.bfloat16, "cuda")
+        assert not any(k[:2] == (640, 1040) for k in tk._fused_gemv_kernel.cache)
+        _check_triton(1, 640, 1040, "plain", torch.bfloat16, "cuda")  # not in the table: autotuned
+        assert any(k[:2] == (640, 1040) for k in tk._fused_gemv_kernel.cache)
+    finally:
+        tuned._device_table.cache_clear()
 
 
 @pytest.mark.gpu

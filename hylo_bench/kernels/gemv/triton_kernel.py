@@ -50,9 +50,6 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
-# one-row GEMVs whose weight has at least this many bytes take the persistent kernel whatever KERNEL says (None:
-# never): it streams a large weight (lm_head) closer to copy bandwidth than the row-block kernel
-PERSISTENT_MIN_BYTES: int | None = None
 ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows (module docstring); "rowblock": KERNEL's form for every M
 ROWS_KERNELS = ("dot", "dot_fused", "torch", "rowblock")
 _DOT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
@@ -394,15 +391,12 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
                 residual, gate)
         _rows_gemv(ROWS_KERNEL, *args)
         return y.view(*lead, N)
-    kernel = KERNEL
-    if M == 1 and PERSISTENT_MIN_BYTES is not None and N * K * weight.element_size() >= PERSISTENT_MIN_BYTES:
-        kernel = "persistent"
-    if kernel != "rowblock":
+    if KERNEL != "rowblock":
         dev = (x.device.index if x.device.index is not None else torch.cuda.current_device()) \
             if x.device.type == "cuda" else -1
         if dev not in _N_SM:  # -1: Triton's interpreter on CPU (tests), four "multiprocessors"
             _N_SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count if dev >= 0 else 4
-        tma = kernel == "persistent_tma"
+        tma = KERNEL == "persistent_tma"
         wd = TensorDescriptor.from_tensor(weight, [1, 16]) if tma else weight  # box set per config (_tma_block_hook)
         kern = _fused_gemv_tma_kernel if tma else _fused_gemv_persistent_kernel
         kern[_persistent_grid(_N_SM[dev])](
@@ -413,9 +407,33 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
         return y.view(*lead, N)
     # with PDL the kernel reads W before the previous kernel has finished: not when that kernel wrote W (the copy)
     pdl = use_pdl(x.device) and weight_is_input
-    _fused_gemv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-        x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0), y.stride(0),
-        float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=residual is not None, M_PAD=triton.next_power_of_2(M),
-        ONE_PASS=ONE_PASS_NORM,
-        PDL=pdl, launch_pdl=pdl)
+    m_pad = triton.next_power_of_2(M)
+    args = (x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
+            y.stride(0), float(eps))
+    meta = {"PROLOGUE": prologue, "GROUP": group, "HAS_RES": residual is not None, "M_PAD": m_pad,
+            "ONE_PASS": ONE_PASS_NORM, "PDL": pdl, "launch_pdl": pdl}
+    cfg = _tuned(x.device, (N, K, m_pad, prologue, group, residual is not None)) if not ONE_PASS_NORM else None
+    if cfg is not None:  # tuned in the decode step (hylo_bench.kernels.gemv.tuned): launch it, no autotuning
+        _fused_gemv_kernel.fn[(triton.cdiv(N, cfg["BLOCK_N"]),)](
+            *args, **meta, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], PREFETCH=cfg["PREFETCH"],
+            num_warps=cfg["num_warps"])
+    else:
+        _fused_gemv_kernel[lambda m: (triton.cdiv(N, m["BLOCK_N"]),)](*args, **meta)
     return y.view(*lead, N)
+
+
+USE_TUNED = True  # False: autotune every shape (benchmarks/gemv_step_tune.py compares)
+_DEVICE_NAMES: dict[int, str] = {}
+
+
+def _tuned(device: torch.device, key: tuple) -> dict | None:
+    """The device's tuned row-block config for ``key`` (:func:`hylo_bench.kernels.gemv.tuned.tuned_config`), or
+    None (no table entry, ``USE_TUNED`` off, or not CUDA: the interpreter's tests)."""
+    if not USE_TUNED or device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE_NAMES:
+        _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
+    from hylo_bench.kernels.gemv.tuned import tuned_config
+
+    return tuned_config(_DEVICE_NAMES[idx], key)
