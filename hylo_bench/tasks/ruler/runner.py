@@ -222,7 +222,11 @@ def _progress(console: Console | None, disable: bool = False) -> Progress:
     return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True), disable=disable)
 
 
-ENCODE_WORKERS_MAX = 4
+# One thread by default: on the H200 four threads cut the wait for each task's first batch (RULER 64K, batch 8: 4.0
+# -> 1.7 s of host time over 24 prompts) but slowed every prefill running beside them (median 0.87 -> 1.22 s per
+# 64K prompt): the tokenizer wrapper's Python work shares the GIL with the prefill loop's kernel launches
+# (benchmarks/results/ruler_throughput_b8_encode4.json). More only pays where prefill is not launch-bound.
+ENCODE_WORKERS_MAX = 1
 
 
 def encode_workers() -> int:
@@ -236,7 +240,9 @@ class PromptEncoder:
     transformers sets a fast tokenizer's truncation and padding on the shared Rust object at every call, so two
     threads on one tokenizer can fail with "Already borrowed" (huggingface/tokenizers#537,
     huggingface/transformers#47085). Fast tokenizers release the GIL while encoding, so ``workers`` threads encode
-    that many prompts at once (a 64K-token prompt takes about a tenth of a second of CPU).
+    that many prompts at once (a 64K-token prompt takes about a tenth of a second of CPU), though the wrapper's
+    Python work around each call still takes the GIL from the thread that launches the GPU's kernels
+    (:data:`ENCODE_WORKERS_MAX`).
 
     The copies are made here, once, on the calling thread; one encoder serves a whole RULER run.
 
