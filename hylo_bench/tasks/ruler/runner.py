@@ -222,11 +222,11 @@ def _progress(console: Console | None, disable: bool = False) -> Progress:
     return Progress(*columns, TimeRemainingColumn(), console=console or Console(stderr=True), disable=disable)
 
 
-# One thread by default: on the H200 four threads cut the wait for each task's first batch (RULER 64K, batch 8: 4.0
-# -> 1.7 s of host time over 24 prompts) but slowed every prefill running beside them (median 0.87 -> 1.22 s per
-# 64K prompt): the tokenizer wrapper's Python work shares the GIL with the prefill loop's kernel launches
-# (benchmarks/results/ruler_throughput_b8_encode4.json). More only pays where prefill is not launch-bound.
-ENCODE_WORKERS_MAX = 1
+# RULER 64K, batch 8 on fresh H200s (benchmarks/results/ruler_throughput_b8_encode{4,1}.json): four threads cut the
+# host wait for each task's first batch (1.7 vs 4.6 s over 24 prompts) and cost the prefills beside them some speed
+# (median 1.22 vs 1.07 s per 64K prompt: the tokenizer wrapper's Python work shares the GIL with the prefill's
+# launches); net 27.0 vs 28.8 s, within the spread between machines. More than four was not measured.
+ENCODE_WORKERS_MAX = 4
 
 
 def encode_workers() -> int:
