@@ -11,8 +11,9 @@ first pass's result. It then times the standalone-autotuned configs, the step-tu
 ships, interleaved.
 
 Records (``benchmarks/results/gemv_step_tune.json``): ``kind: gemv_shape`` per shape (its key, weight bytes, the
-standalone and the step-tuned config, the step TPOT with each); ``kind: decode`` for the A/B rounds (``variant``
-``standalone`` | ``step_tuned`` | ``shipped_table``, ``tpot_s``, ``bound_tpot_s``, ``fraction_of_bound``).
+standalone and the step-tuned config as ``standalone_BLOCK_N`` ... ``step_tuned_num_warps``); ``kind: decode``
+for the A/B rounds (``variant`` ``standalone`` | ``step_tuned`` | ``shipped_table``, ``tpot_s``, ``bound_tpot_s``,
+``fraction_of_bound``).
 ``--table`` writes the step-tuned configs in the format of ``hylo_bench/kernels/gemv/tuned/<device>.json``.
 
 Usage (one H200, about 6 minutes)::
@@ -113,8 +114,9 @@ def main() -> None:
         env["records"].append({"kind": "gemv_shape", **{k: field[k] for k in ("N", "K", "M_PAD", "PROLOGUE",
                                                                               "GROUP", "HAS_RES", "PDL")},
                                "weight_bytes": field["N"] * field["K"] * 2,
-                               "standalone_config": config_dict(standalone[key]),
-                               "step_tuned_config": config_dict(tuned[key]), "status": "ok"})
+                               **{f"standalone_{k}": v for k, v in config_dict(standalone[key]).items()},
+                               **{f"step_tuned_{k}": v for k, v in config_dict(tuned[key]).items()},
+                               "status": "ok"})
     # interleaved A/B with more steps: standalone-autotuned table vs step-tuned table
     for r in range(args.ab_rounds):
         for variant, table in (("standalone", standalone), ("step_tuned", tuned), ("shipped_table", standalone)):
@@ -135,8 +137,9 @@ def main() -> None:
     write_result(args.out, env)
     print(env["summary"], flush=True)
     if args.table:
-        entries = [{k: v for k, v in r.items() if k in ("N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES")}
-                   | r["step_tuned_config"] for r in env["records"] if r["kind"] == "gemv_shape"]
+        entries = [{k: r[k] for k in ("N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES")}
+                   | {k: r[f"step_tuned_{k}"] for k in ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps")}
+                   for r in env["records"] if r["kind"] == "gemv_shape"]
         table = {"device": torch.cuda.get_device_name(0), "source": f"benchmarks/gemv_step_tune.py at git "
                  f"{env['git_sha']}, {info['layout']} at {T} tokens",
                  "rowblock": entries}

@@ -31,8 +31,8 @@ def test_results_file_agrees_with_the_shipped_table():
 
     res = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/gemv_step_tune.json").read_text())
     table = tuned.load_table(tuned.table_path("NVIDIA H200"))
-    shapes = {tuple(r[f] for f in tuned.KEY_FIELDS): r["step_tuned_config"] for r in res["records"]
-              if r["kind"] == "gemv_shape"}
+    shapes = {tuple(r[f] for f in tuned.KEY_FIELDS): {f: r[f"step_tuned_{f}"] for f in tuned.CONFIG_FIELDS}
+              for r in res["records"] if r["kind"] == "gemv_shape"}
     assert shapes == table
 
 
