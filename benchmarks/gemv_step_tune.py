@@ -37,11 +37,12 @@ from _common import result_envelope, write_result
 from batched_decode import build
 
 from hylo_bench.io_utils import atomic_write_text
+from hylo_bench.kernels.gemv.tuned import CONFIG_FIELDS, KEY_FIELDS
 from hylo_bench.serving.bound import copy_bandwidth, decode_step_bytes
 
 
 def config_dict(cfg) -> dict:
-    """A Triton config as the tuned-table entry's fields."""
+    """A Triton config as the tuned-table entry's fields (``CONFIG_FIELDS``)."""
     return {**cfg.kwargs, "num_warps": cfg.num_warps}
 
 
@@ -111,8 +112,7 @@ def main() -> None:
     for key in keys:
         field = dict(zip(kern.keys, key))
         kern.cache[key] = standalone[key]
-        env["records"].append({"kind": "gemv_shape", **{k: field[k] for k in ("N", "K", "M_PAD", "PROLOGUE",
-                                                                              "GROUP", "HAS_RES", "PDL")},
+        env["records"].append({"kind": "gemv_shape", **{k: field[k] for k in KEY_FIELDS + ("PDL",)},
                                "weight_bytes": field["N"] * field["K"] * 2,
                                **{f"standalone_{k}": v for k, v in config_dict(standalone[key]).items()},
                                **{f"step_tuned_{k}": v for k, v in config_dict(tuned[key]).items()},
@@ -137,8 +137,7 @@ def main() -> None:
     write_result(args.out, env)
     print(env["summary"], flush=True)
     if args.table:
-        entries = [{k: r[k] for k in ("N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES")}
-                   | {k: r[f"step_tuned_{k}"] for k in ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps")}
+        entries = [{k: r[k] for k in KEY_FIELDS} | {k: r[f"step_tuned_{k}"] for k in CONFIG_FIELDS}
                    for r in env["records"] if r["kind"] == "gemv_shape"]
         table = {"device": torch.cuda.get_device_name(0), "source": f"benchmarks/gemv_step_tune.py at git "
                  f"{env['git_sha']}, {info['layout']} at {T} tokens",

@@ -111,6 +111,6 @@ def test_workers_encode_at_once_on_their_own_copies_and_serve_several_calls():
 def test_encoder_worker_counts(monkeypatch):
     with pytest.raises(ValueError, match="workers must be >= 1"):
         R.PromptEncoder(object(), chat_template=False, workers=0)
-    for cores, want in ((None, 1), (1, 1), (2, 1), (3, 2), (16, 4)):
+    for cores, want in ((None, 1), (1, 1), (2, 1), (3, 2), (16, R.ENCODE_WORKERS_MAX)):
         monkeypatch.setattr(R.os, "cpu_count", lambda c=cores: c)
         assert R.encode_workers() == want

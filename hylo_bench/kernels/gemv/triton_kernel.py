@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from hylo_bench.kernels.gemv.tuned import tuned_config
 from hylo_bench.kernels.pdl import use_pdl
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
@@ -434,6 +435,4 @@ def _tuned(device: torch.device, key: tuple) -> dict | None:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _DEVICE_NAMES:
         _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
-    from hylo_bench.kernels.gemv.tuned import tuned_config
-
     return tuned_config(_DEVICE_NAMES[idx], key)
