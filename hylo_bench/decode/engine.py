@@ -444,10 +444,12 @@ class Engine(_EngineBase):
         return mixer, mlp_ok
 
     def _layer(self, i: int, h: torch.Tensor, start: int | None, pos: torch.Tensor | None,
-               slots: list | None = None, glue: str = "torch") -> torch.Tensor:
+               slots: list | None = None, glue: str = "torch", last_only: bool = False) -> torch.Tensor:
         """Decoder layer i in serving form: a prefill chunk at ``start`` (int), or one decode token per row at
         ``pos`` [B]; ``slots``: the caches to use instead of ``self.slots`` (row views, :meth:`prefill_row`);
-        ``glue``: a prefill chunk's resolved layer-glue back end (:mod:`hylo_bench.kernels.layer_glue`).
+        ``glue``: a prefill chunk's resolved layer-glue back end (:mod:`hylo_bench.kernels.layer_glue`);
+        ``last_only``: a prefill chunk's mixer runs over every token (its cache and state need them all), the rest
+        of the layer over the chunk's last position only, which is returned ([B, 1, D]).
 
         The structure is ``HyLoDecoderLayer.forward``'s (``h + mixer(input_layernorm(h))``, then
         ``h + mlp(post_attention_layernorm(h))``) on the same modules and weights; the mixer runs in its serving
@@ -463,6 +465,8 @@ class Engine(_EngineBase):
         if pos is None:  # a prefill chunk: norms, residual adds and SwiGLU through the layer glue
             x = rms_norm(h, layer.input_layernorm, glue)
             mixed = srv.prefill(x, slot, start) if mla else srv.prefill(x, slot)
+            if last_only:
+                mixed, h = mixed[:, -1:], h[:, -1:]
             y, h = add_rms_norm(mixed, h, layer.post_attention_layernorm, glue)
             return h + self._mlp(i, y, glue)
         fuse_mixer, fuse_mlp = self.fused[i] if self.fused is not None else (False, False)
@@ -492,19 +496,23 @@ class Engine(_EngineBase):
     def _forward(self, ids: torch.Tensor, start: int | None, pos: torch.Tensor | None,
                  slots: list | None = None) -> torch.Tensor:
         """The decoder stack: ids [B, T] (a prefill chunk at ``start``) or [B, 1] (decode at ``pos`` [B]) ->
-        hidden states [B, T, D] before the final norm. A prefill chunk resolves the layer glue's back end once
-        (:mod:`hylo_bench.kernels.layer_glue`; "auto": fla's kernels for CUDA inference)."""
+        hidden states before the final norm: [B, 1, D] at the chunk's last position for a prefill chunk, [B, 1, D]
+        for decode. Only the last position of a prompt reaches the LM head, so the last layer's MLP (and its
+        residual adds and norm) run on that position alone: 1/L of a prefill's MLP work, with the caches and states
+        unchanged. A prefill chunk resolves the layer glue's back end once (:mod:`hylo_bench.kernels.layer_glue`;
+        "auto": fla's kernels for CUDA inference)."""
         h = self.model.model.embed_tokens(ids)
         glue = "torch"
         if pos is None and self.layer_glue_backend != "torch":
             glue = select_layer_glue_backend(self.layer_glue_backend, h.device, h.dtype,
                                              torch.is_grad_enabled() and h.requires_grad)
+        last = len(self.layers) - 1
         for i in range(len(self.layers)):
-            h = self._layer(i, h, start, pos, slots, glue)
+            h = self._layer(i, h, start, pos, slots, glue, last_only=pos is None and i == last)
         return h
 
     def _prefill(self, ids: torch.Tensor, start: int, slots: list | None = None) -> torch.Tensor:
-        return self._forward(ids, start, None, slots)[:, -1:]
+        return self._forward(ids, start, None, slots)
 
     def _row_slots(self, row: int) -> list:
         """Every layer's cache restricted to batch row ``row`` (views of size 1: writes reach the buffers)."""

@@ -237,6 +237,22 @@ class GatedDeltaNet(nn.Module):
         # one token (decode outside the engine) stays on torch: a Triton launch per tensor would cost more
         return short_conv(x_BTC, conv.weight[:, 0], cache_BCW, backend="auto" if x_BTC.shape[1] > 1 else "torch")
 
+    def gates(self, a_BTH: torch.Tensor, b_BTH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The a / b projections [B, T, H] -> (log decay g = -exp(A_log) * softplus(a + dt_bias), write strength
+        beta = sigmoid(b)), both [B, T, H] in float32 (float64 for float64 inputs)."""
+        dt = _math_dtype(a_BTH.dtype)
+        g_BTH = -self.A_log.to(dt).exp() * F.softplus(a_BTH.to(dt) + self.dt_bias.to(dt))
+        return g_BTH, b_BTH.to(dt).sigmoid()
+
+    def output(self, o_BTHV: torch.Tensor, gate_BTC: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The recurrence's output o [B, T, H, Vd] and the g projection [B, T, H * Vd] -> gated RMSNorm per head
+        (fla's kernel for multi-token CUDA inference, :func:`gated_rms_norm`), then ``o_proj`` -> [B, T, D] in
+        ``dtype``."""
+        B, T, H, Vd = o_BTHV.shape
+        o_BTHV = gated_rms_norm(o_BTHV.to(dtype), gate_BTC.view(B, T, H, Vd), self.o_norm.weight, self.o_norm.eps,
+                                backend="auto" if T > 1 else "torch")
+        return self.o_proj(o_BTHV.reshape(B, T, H * Vd))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -299,9 +315,7 @@ class GatedDeltaNet(nn.Module):
         q_BTHK, k_BTHK, v_BTHV = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, Vd)
 
         dt = _math_dtype(hidden_states.dtype)
-        a_BTH = self.a_proj(hidden_states).to(dt)
-        g_BTH = -self.A_log.to(dt).exp() * F.softplus(a_BTH + self.dt_bias.to(dt))
-        beta_BTH = self.b_proj(hidden_states).to(dt).sigmoid()
+        g_BTH, beta_BTH = self.gates(self.a_proj(hidden_states), self.b_proj(hidden_states))
         if mask_BT is not None:
             g_BTH = g_BTH * mask_BT.to(dt)[..., None]
             beta_BTH = beta_BTH * mask_BT.to(dt)[..., None]
@@ -323,10 +337,7 @@ class GatedDeltaNet(nn.Module):
                 use_qk_l2norm_in_kernel=True,
                 backend=self.backend,
             )
-        gate_BTHV = self.g_proj(hidden_states).view(B, T, H, Vd)
-        o_BTHV = gated_rms_norm(o_BTHV.to(hidden_states.dtype), gate_BTHV, self.o_norm.weight, self.o_norm.eps,
-                                backend="auto" if T > 1 else "torch")
-        out_BTD = self.o_proj(o_BTHV.reshape(B, T, H * Vd))
+        out_BTD = self.output(o_BTHV, self.g_proj(hidden_states), hidden_states.dtype)
         if mask_BT is not None:
             out_BTD = out_BTD * mask_BT[..., None]
         new_state = GDNState(recurrent=recurrent, conv=(new_q, new_k, new_v)) if use_cache else None
@@ -344,9 +355,7 @@ class GatedDeltaNet(nn.Module):
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         q, k, v = (F.silu(varlen_causal_conv1d(proj(hidden_states).transpose(1, 2), conv.weight, None, pos_BT))
                    .transpose(1, 2) for proj, conv in zip((self.q_proj, self.k_proj, self.v_proj), convs))
-        dt = _math_dtype(hidden_states.dtype)
-        g = -self.A_log.to(dt).exp() * F.softplus(self.a_proj(hidden_states).to(dt) + self.dt_bias.to(dt))
-        beta = self.b_proj(hidden_states).to(dt).sigmoid()
+        g, beta = self.gates(self.a_proj(hidden_states), self.b_proj(hidden_states))
         # fla's varlen convention: the documents of all rows flattened into one batch row
         o, _ = gated_delta_rule(q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, H, Vd),
                                 g.reshape(1, B * T, H), beta.reshape(1, B * T, H), use_qk_l2norm_in_kernel=True,

@@ -230,6 +230,9 @@ def fla_chunk_gated_delta_rule(
         raise ImportError(f"GDN backend 'fla' needs flash-linear-attention: {FLA_EXTRA_HINT}") from err
     if initial_state is not None:
         initial_state = initial_state.float()
+    cu_seqlens_cpu = None
+    if cu_seqlens is None and intracard_split(q):
+        cu_seqlens, cu_seqlens_cpu = _whole_sequence_offsets(q.shape[1], q.device)
     return chunk_gated_delta_rule(
         q,
         k,
@@ -241,4 +244,36 @@ def fla_chunk_gated_delta_rule(
         output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
     )
+
+
+INTRACARD_ENV = "FLA_INTRACARD_CP"
+INTRACARD_MIN_TOKENS = 16384
+"""fla 0.6.0 splits a sequence only from 2 x 8,192 tokens on (``compute_subseq_len``: at least 128 chunks of 64
+per part); shorter calls keep the plain path."""
+
+
+def intracard_split(q: torch.Tensor) -> bool:
+    """Whether this call goes through fla's intra-card context-parallel state pass
+    (``fla/ops/common/backends/intracard.py``): one sequence (B = 1) of at least :data:`INTRACARD_MIN_TOKENS`
+    tokens under ``torch.inference_mode()``, with fla's own opt-in ``$FLA_INTRACARD_CP`` set. fla applies it only to
+    variable-length calls, so such a call is passed as one document (``cu_seqlens = [0, T]``): the sequential
+    state pass over T / 64 chunks then runs as several sub-sequences side by side, merged by their affine state
+    maps, instead of one program per (head, value block) walking all chunks (6 heads x 8 blocks = 48 programs on
+    132 SMs for the Qwen 7MLA21GDN layout)."""
+    return (q.shape[0] == 1 and q.shape[1] >= INTRACARD_MIN_TOKENS and torch.is_inference_mode_enabled()
+            and os.environ.get(INTRACARD_ENV, "0") != "0")
+
+
+_OFFSETS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _whole_sequence_offsets(T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cu_seqlens = [0, T]`` on ``device`` and on the host, one pair per (T, device) kept for the process: fla
+    caches its split plan by the tensor's identity, and the host copy spares it a device-to-host read."""
+    key = (T, str(device))
+    if key not in _OFFSETS:
+        host = torch.tensor([0, T], dtype=torch.long)
+        _OFFSETS[key] = (host.to(device), host)
+    return _OFFSETS[key]

@@ -65,9 +65,11 @@ def _short_conv_fla(x_BTC, weight_CW, cache_BCW):
     from fla.modules.causal_conv1d import causal_conv1d
 
     # fla's state is [B, C, W] with the newest input last and its first column unread: pad ours in front, and
-    # keep the last W - 1 of the state it returns
+    # keep the last W - 1 of the state it returns. fla reads x through its strides (a column slice of a merged
+    # projection's output, "QKV-style views"), so only a non-unit channel stride needs a copy.
     init = None if cache_BCW is None else F.pad(cache_BCW.to(x_BTC.dtype), (1, 0))
-    y, final = causal_conv1d(x_BTC.contiguous(), weight=weight_CW.to(x_BTC.dtype), initial_state=init,
+    x = x_BTC if x_BTC.stride(-1) == 1 else x_BTC.contiguous()
+    y, final = causal_conv1d(x, weight=weight_CW.to(x_BTC.dtype), initial_state=init,
                              output_final_state=True, activation="silu", backend="triton")
     return y, final[..., 1:]
 
