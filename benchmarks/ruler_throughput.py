@@ -72,7 +72,7 @@ def build_hybrid():
 
 def main() -> None:
     from hylo_bench.config.units import parse_length
-    from hylo_bench.decode.greedy import resolve_engine
+    from hylo_bench.decode.greedy import PREFILL_CHUNK_TOKENS, resolve_engine
     from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.models.loading import load_tokenizer
     from hylo_bench.tasks.ruler import RulerConfig, evaluate_model
@@ -90,6 +90,10 @@ def main() -> None:
     ap.add_argument("--transformer-engines", default="generate,static",
                     help="ruler --engine values for the transformer, comma-separated, one record each ('' = none)")
     ap.add_argument("--batch-size", type=int, default=1, help="ruler --batch-size for every point")
+    ap.add_argument("--prefill-chunks", default="",
+                    help="ruler --prefill-chunk values for the hybrid, comma-separated, one point each ('' = default)")
+    ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
+                    "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -112,23 +116,29 @@ def main() -> None:
         print(f"samples at {length}: {time.perf_counter() - t0:.1f} s", flush=True)
     transformer_engines = [e for e in args.transformer_engines.split(",") if e]
     plan = [(build_hybrid, [args.engine])] + ([(build_transformer, transformer_engines)] if transformer_engines else [])
+    chunks = [parse_length(c) for c in args.prefill_chunks.split(",") if c] or [None]
     for build, engines in plan:
         model, info = build()
-        for engine, length in ((e, n) for e in engines for n in lengths):
+        hybrid = info["kind"] == "hylo"
+        points = [(e, n, c, r) for e in engines for n in lengths for c in (chunks if hybrid else [None])
+                  for r in range(args.repeat)]
+        for engine, length, chunk, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": args.batch_size,
                                        "status": "skipped_time_budget"})
                 write_result(Path(args.out), doc)
                 continue
+            extra = {} if chunk is None else {"prefill_chunk": chunk}  # (a checkout without the option: default)
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
-                              beyond_context=True)  # random weights: speed, not scores, past 40,960 tokens
+                              beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
-                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine)}
+                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine),
+                   "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

@@ -393,6 +393,9 @@ def ruler(
                                "(generate() over a preallocated StaticCache: transformer models; compiled decode "
                                "on CUDA), native (greedy through the native serving engine, continuous batching "
                                "over --batch-size slots) or auto (native for HyLo models on CUDA)."),
+    prefill_chunk: Optional[str] = typer.Option(None, "--prefill-chunk", help="Tokens per prefill chunk of the "
+                                                "native engine, e.g. 32k (default 8k); larger chunks launch fewer "
+                                                "kernels per prompt and hold more activations."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.config.units import parse_length
@@ -410,6 +413,10 @@ def ruler(
             raise ValueError(f"--lengths: {e}") from None
         if backend not in R.BACKENDS:
             raise ValueError(f"--backend: expected one of {', '.join(R.BACKENDS)}, got {backend!r}")
+        try:
+            chunk = None if prefill_chunk is None else parse_length(prefill_chunk)
+        except ValueError as e:
+            raise ValueError(f"--prefill-chunk: {e}") from None
         cfg = R.RulerConfig(model=model, lengths=length_list, tasks=R.select_tasks(tasks, squad, hotpotqa),
                             samples=samples, seed=seed,
                             results_dir=str(results_dir),
@@ -417,7 +424,7 @@ def ruler(
                             chat_template=chat_template, device=device, strip_think=strip_think,
                             flavor=flavor, squad_path=squad,
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
-                            beyond_context=beyond_context)
+                            beyond_context=beyond_context, prefill_chunk=chunk)
         with _json_only(as_json):
             result = R.run(cfg, console=console, on_result=_store(None, results_dir))
     except (ValueError, FileNotFoundError) as e:

@@ -134,17 +134,22 @@ class NativeDecoder:
     refilled by the next), with the same tokens per prompt as one at a time; other models decode one prompt at a
     time (a warning says so).
 
+    ``prefill_chunk``: tokens per prefill chunk of the engine (default :data:`PREFILL_CHUNK_TOKENS`).
+
     Raises:
         ValueError: a model the engine cannot serve (not HyLo, not a Llama / Qwen3-style transformer), or
-            ``batch_size`` < 1.
+            ``batch_size`` / ``prefill_chunk`` < 1.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 1):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 1, prefill_chunk: int | None = None):
         if not (is_hylo(model) or hasattr(getattr(model, "model", None), "layers")):
             raise ValueError(f"engine='native' serves HyLoForCausalLM and Llama/Qwen3-style transformers; got "
                              f"{type(model).__name__}. Use engine='generate'")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.prefill_chunk = PREFILL_CHUNK_TOKENS if prefill_chunk is None else prefill_chunk
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 token, got {self.prefill_chunk}")
         if batch_size > 1 and not is_hylo(model):
             logger.warning("batch_size=%d: the native engine batches HyLo models only; decoding %s one prompt at a "
                            "time", batch_size, type(model).__name__)
@@ -176,7 +181,7 @@ class NativeDecoder:
 
             self.engine = None  # free the old caches before allocating larger ones
             capacity = -(-needed_tokens // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
-            self.engine = make_engine(self.model, self.batch_size, capacity, PREFILL_CHUNK_TOKENS,
+            self.engine = make_engine(self.model, self.batch_size, capacity, self.prefill_chunk,
                                       cuda_graphs=self.cuda_graphs)
             self.capacity = capacity
         return self.engine
@@ -214,11 +219,12 @@ class NativeDecoder:
                 for tokens in self.tokens_many(prompt_ids, max_new_tokens)]
 
 
-def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -> Decoder:
+def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1,
+                 prefill_chunk: int | None = None) -> Decoder:
     """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``: ``generate`` left-pads batches of
     ``batch_size`` prompts, ``static`` does the same over a preallocated ``StaticCache`` (:class:`StaticCaches`;
     transformer models), ``native`` serves a HyLo model's prompts with continuous batching over ``batch_size``
-    slots (:class:`NativeDecoder`).
+    slots (:class:`NativeDecoder`, ``prefill_chunk`` tokens per prefill chunk; the other engines ignore it).
 
     Raises:
         ValueError: unknown engine, ``static`` for a HyLo model, or ``native`` for a model the engine cannot serve.
@@ -228,4 +234,4 @@ def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1) -
         return functools.partial(generate_batch, model, tokenizer)
     if resolved == "static":
         return functools.partial(generate_batch, model, tokenizer, caches=StaticCaches(model))
-    return NativeDecoder(model, tokenizer, batch_size)
+    return NativeDecoder(model, tokenizer, batch_size, prefill_chunk)

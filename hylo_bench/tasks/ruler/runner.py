@@ -100,6 +100,9 @@ class RulerConfig:
             (lm-eval 0.4.13's own ``ruler`` tasks and scorer through the ``hylo`` lm-eval model, offline;
             :mod:`hylo_bench.tasks.ruler.lm_eval_backend`). ``lm-eval`` needs ``flavor="lm-eval"`` and supports
             neither ``resume``, ``devices`` > 1, ``engine="native"`` / ``"static"`` nor ``strip_think``.
+        prefill_chunk: tokens per prefill chunk of the native engine (None:
+            :data:`hylo_bench.decode.greedy.PREFILL_CHUNK_TOKENS`); larger chunks launch fewer kernels per prompt
+            and take more activation memory.
     """
 
     model: str
@@ -121,6 +124,7 @@ class RulerConfig:
     engine: str = "auto"
     backend: str = "native"
     beyond_context: bool = False  # allow lengths past the model's configured context (length generalisation)
+    prefill_chunk: int | None = None
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -154,6 +158,8 @@ class RulerConfig:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.devices < 1:
             raise ValueError(f"devices must be >= 1 (worker processes), got {self.devices}")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 token, got {self.prefill_chunk}")
         if self.haystack_path is not None and not Path(self.haystack_path).is_file():
             raise ValueError(f"haystack_path {str(self.haystack_path)!r} is not a file; pass a text file or omit it")
         if self.haystack_path is not None:
@@ -180,6 +186,8 @@ class RulerConfig:
             "engine": (self.engine in ("native", "static"), f"--engine {self.engine} (decoding goes through "
                        "lm-eval's HFLM generate_until; use auto or generate)"),
             "strip_think": (self.strip_think, "--strip-think (lm-eval scores the raw generations)"),
+            "prefill_chunk": (self.prefill_chunk is not None, "--prefill-chunk (the native engine's; lm-eval's "
+                              "generate_until decodes)"),
         }
         bad = [why for flag, why in unsupported.values() if flag]
         if bad:
@@ -667,7 +675,7 @@ def evaluate_model(
         atomic_write_json(path, doc)  # the claimed file holds the header from the start, never an empty file
     if hasattr(model, "eval"):
         model.eval()
-    decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size)
+    decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size, cfg.prefill_chunk)
     scores: dict[str, dict[str, float]] = {}
     encoder = PromptEncoder(tokenizer, cfg.chat_template, encode_workers())
     with _progress(console, disable=not lead) as progress, encoder:
