@@ -266,14 +266,9 @@ def intracard_split(q: torch.Tensor) -> bool:
             and os.environ.get(INTRACARD_ENV, "0") != "0")
 
 
-_OFFSETS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _whole_sequence_offsets(T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cu_seqlens = [0, T]`` on ``device`` and on the host, one pair per (T, device) kept for the process: fla
-    caches its split plan by the tensor's identity, and the host copy spares it a device-to-host read."""
-    key = (T, str(device))
-    if key not in _OFFSETS:
-        host = torch.tensor([0, T], dtype=torch.long)
-        _OFFSETS[key] = (host.to(device), host)
-    return _OFFSETS[key]
+    """``cu_seqlens = [0, T]`` on ``device`` and on the host, kept for the 64 most recent (T, device): fla caches
+    its split plan by the tensor's identity (a prompt's full chunks share one T)."""
+    host = torch.tensor([0, T], dtype=torch.long)
+    return host.to(device), host
