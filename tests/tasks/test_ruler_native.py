@@ -87,6 +87,24 @@ def test_native_continuous_batching_predictions_equal_batch_one(tok, tmp_path, m
     assert 0 < st["prefill_median_s"] <= st["prefill_max_s"] <= st["prefill_s"] and st["prefill_first_s"] > 0
 
 
+def test_prefill_chunk_reaches_the_engine_and_keeps_the_predictions(tok, tmp_path, monkeypatch):
+    """``RulerConfig.prefill_chunk`` (``ruler --prefill-chunk``) sizes the native engine's prefill chunks; the
+    predictions equal those of the default chunk (a prompt of a few hundred tokens in 41-token chunks vs one)."""
+    model = _hylo(tok)
+    chunks = []
+    real = Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, m, b, c, chunk=8192, **k: chunks.append(chunk)
+                        or real(self, m, b, c, chunk, **k))
+    tasks = ["niah_single_1"]
+    evaluate_model(model, tok, INFO, _cfg(tmp_path / "d", tasks=tasks, engine="native"), console=_quiet())
+    evaluate_model(model, tok, INFO, _cfg(tmp_path / "c", tasks=tasks, engine="native", prefill_chunk=41),
+                   console=_quiet())
+    assert chunks[0] == decoding.PREFILL_CHUNK_TOKENS and chunks[-1] == 41
+    assert _predictions(tmp_path / "c") == _predictions(tmp_path / "d")
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1 token, got 0"):
+        _cfg(tmp_path / "z", tasks=tasks, prefill_chunk=0)
+
+
 def test_generate_until_stops_like_generate(tok):
     model = _hylo(tok)
     torch.manual_seed(1)
