@@ -249,9 +249,9 @@ def fla_chunk_gated_delta_rule(
 
 
 INTRACARD_ENV = "FLA_INTRACARD_CP"
-INTRACARD_MIN_TOKENS = 16384
-"""fla 0.6.0 splits a sequence only from 2 x 8,192 tokens on (``compute_subseq_len``: at least 128 chunks of 64
-per part); shorter calls keep the plain path."""
+INTRACARD_MIN_TOKENS = 3 * 8192
+"""fla 0.6.0 splits a sequence only from three parts of at least 128 chunks of 64 tokens on
+(``compute_subseq_len``, ``prepare_subseq_cu_seqlens``); shorter calls keep the plain path."""
 
 
 def intracard_split(q: torch.Tensor) -> bool:
