@@ -3,13 +3,15 @@
 
 Records (benchmark format, ``benchmarks/results/prefill_profile.json``, rewritten after every point):
 
-- ``benchmark: prefill_profile``, one per (variant, ``engine_batch``): a full chunked prefill of ``seq_len``
+- ``benchmark: prefill_profile``, one per (variant, ``engine_batch``, ``prefill_chunk``): a full chunked prefill of
+  ``seq_len``
   random tokens into batch row 0 (``Engine.prefill_row``, the continuous-batching path) of an engine with
   ``engine_batch`` slots, timed twice after a warm-up (``ttft_s``: the second), then once under
   ``torch.profiler``: device seconds by kernel category (``attention_s``: SDPA kernels; ``gdn_s``: fla's chunked
   GDN kernels and our convolutions; ``matmul_s``; ``elementwise_s``; ``other_s``), and the MLA prefill's
   attention FLOPs (``prefill_attention_flops``, :func:`hylo_bench.serving.sweep_worker.prefill_attention_flops`) over
-  its measured seconds (``attention_tflop_per_s``).
+  its measured seconds (``attention_tflop_per_s``); and the device's idle time inside the prefill (``gpu_busy_s``,
+  ``gpu_span_s``, ``gpu_idle_s``, ``idle_gaps``: :func:`device_idle`).
   Variants: the chunked-prefill attention back end (``cudnn_split``, ``sdpa``: kernels.md §10.1), set through
   ``$HYLO_BENCH_PREFIX_ATTENTION_BACKEND`` for the point; the kernel table says which attention kernel ran.
 - ``benchmark: prefill_chunk_estimate``: per variant, the first and last chunk of a ``--long`` prefill (2M by
@@ -78,10 +80,12 @@ def profile_once(fn) -> tuple[dict, list[tuple[str, float]]]:
 
 def device_idle(kernels: list[tuple[float, float]], host: list[tuple[float, float, str]], top: int = 8) -> dict:
     """Busy time (union of the kernel intervals), span and idle time of the device, in seconds, from profiler
-    intervals in microseconds; ``idle_gaps``: the ``top`` longest idle intervals, each with the innermost host ops
-    that overlap it most (what the host was doing while the device waited)."""
+    intervals in microseconds; ``idle_gaps``: the ``top`` longest idle intervals, each with the three host ops
+    (no longer than four times the gap, so not the whole prefill's outer calls) that overlap it most: what the host
+    was doing while the device waited."""
     if not kernels:
-        return {"gpu_busy_s": 0.0, "gpu_span_s": 0.0, "gpu_idle_s": 0.0, "idle_gaps": ""}
+        return {"gpu_busy_s": 0.0, "gpu_span_s": 0.0, "gpu_idle_s": 0.0, "idle_gaps_over_50us": 0,
+                "idle_in_gaps_over_50us_s": 0.0, "idle_gaps": ""}
     kernels = sorted(kernels)
     busy, gaps = 0.0, []
     cur_start, cur_end = kernels[0]
