@@ -10,6 +10,14 @@ which touches only its own row (rewritten by the next prefill into it). Prefill 
 
 Each request's tokens equal those of ``Engine.generate_until`` on that prompt alone: rows never interact (MLA
 attends over its own row's ``positions[b] + 1`` cache rows, linear states are per row).
+
+Prefix sharing (``share_prefixes``, on by default; vLLM's automatic prefix caching, restricted as for its hybrid
+models to whole blocks, here whole prefill chunks): requests are served in lexicographic order of their token ids,
+so prompts with a common start are neighbours (the longest common prefix of a prompt with any earlier one is the
+one with its predecessor), and a prompt that shares at least one whole prefill chunk with its predecessor starts
+from the predecessor's latent rows and linear states after those chunks (``Engine.prefill_row_shared``) instead of
+prefilling them again. The tokens are bit for bit those of a full prefill. RULER's haystacks make this worthwhile:
+the samples of a NIAH task share the haystack up to their first needle.
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ class Request:
 @dataclasses.dataclass(kw_only=True, slots=True)
 class BatchStats:
     """What one :func:`continuous_generate` call did. Times in seconds (wall clock; every step ends with the
-    tokens read back to the host, which synchronises the device)."""
+    tokens read back to the host, which synchronises the device). ``prefill_tokens`` counts every prompt token,
+    ``prefix_reused_tokens`` those taken from a shared prefix instead of prefilled."""
 
     batch_size: int
     requests: int = 0
@@ -50,6 +59,7 @@ class BatchStats:
     prefill_tokens: int = 0
     decode_steps: int = 0
     generated_tokens: int = 0
+    prefix_reused_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prefill_times_s: list[float] = dataclasses.field(default_factory=list, repr=False)
@@ -85,16 +95,72 @@ def _accept(req: Request, out: list[int], token: int, stop_ids: frozenset[int]) 
     return len(out) >= req.max_new_tokens or (req.should_stop is not None and req.should_stop(out))
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
+class PrefixPlan:
+    """The serving order and shared prefixes of :func:`continuous_generate` with ``share_prefixes``
+    (:func:`shared_prefix_plan`). Positions index ``order`` (k-th request served), values are tokens.
+
+    Attributes:
+        order: request indices in serving order.
+        shared: per position k, the tokens request ``order[k]`` takes from earlier requests instead of prefilling
+            them (a multiple of the prefill chunk; 0: none).
+        keep: per position k, the prefix lengths request ``order[k]``'s prefill keeps for later requests.
+    """
+
+    order: list[int]
+    shared: list[int]
+    keep: list[list[int]]
+
+
+def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPlan:
+    """Which whole prefill chunks each prompt can take from the prompts served before it.
+
+    Prompts are served in lexicographic order of their token ids, so the longest common prefix of a prompt with
+    any earlier one is the one with its predecessor. Prompt k takes ``shared[k]``: that common prefix, capped one
+    token below its own length (its last position is prefilled for the logits) and rounded down to a multiple of
+    ``chunk``. The prefix's linear states after ``shared[k]`` tokens come from the last earlier prompt m that
+    prefilled across that position (``shared[m] < shared[k]``; every prompt between m and k shares the prefix), so
+    m keeps it; the latent rows come from prompt k - 1, the last one prefilled before k, whose row still holds them.
+
+    Args:
+        prompts: token ids per request. chunk: the engine's prefill chunk (tokens, >= 1).
+
+    Returns:
+        A :class:`PrefixPlan`; in input order and sharing nothing when no two prompts share a whole chunk.
+    """
+    n = len(prompts)
+    order = sorted(range(n), key=lambda r: tuple(prompts[r]))
+    tensors = [torch.as_tensor(list(prompts[r]), dtype=torch.long) for r in order]
+    shared = [0]
+    for a, b in zip(tensors, tensors[1:]):
+        m = min(len(a), len(b) - 1)
+        diff = (a[:m] != b[:m]).nonzero()
+        common = int(diff[0, 0]) if len(diff) else m
+        shared.append(common // chunk * chunk)
+    if not any(shared):
+        return PrefixPlan(order=list(range(n)), shared=[0] * n, keep=[[] for _ in range(n)])
+    keep: list[list[int]] = [[] for _ in range(n)]
+    for k in range(1, n):
+        if shared[k]:
+            m = max(i for i in range(k) if shared[i] < shared[k])
+            if shared[k] not in keep[m]:
+                keep[m].append(shared[k])
+    return PrefixPlan(order=order, shared=shared, keep=keep)
+
+
 def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] | frozenset[int] = frozenset(),
-                        stats: BatchStats | None = None) -> list[list[int]]:
+                        stats: BatchStats | None = None, share_prefixes: bool = True) -> list[list[int]]:
     """Greedy generation of every request through ``engine``'s ``max_batch`` slots with continuous batching.
 
     Args:
         engine: a :class:`hylo_bench.decode.engine.Engine` (HyLo; its ``max_batch`` is the number of slots, its
             ``max_context`` must hold every prompt plus its ``max_new_tokens - 1``).
-        requests: served in order (the first B fill the slots, each next one takes the first slot that frees).
+        requests: served in order (the first B fill the slots, each next one takes the first slot that frees), or,
+            with ``share_prefixes``, in the order of :func:`shared_prefix_plan`.
         stop_ids: token ids that end a request (not returned), e.g. the EOS ids.
         stats: filled in place when given.
+        share_prefixes: prefill whole chunks that a prompt shares with the one served before it only once (module
+            docstring); the tokens are the same either way.
 
     Returns:
         Per request (in input order) its generated token ids before the first stop token, as
@@ -119,7 +185,12 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     stats = stats if stats is not None else BatchStats(batch_size=B)
     stats.batch_size, stats.requests = B, stats.requests + len(requests)
     results: list[list[int] | None] = [None] * len(requests)
-    queue = collections.deque(range(len(requests)))
+    plan = shared_prefix_plan([req.ids for req in requests], engine.prefill_chunk) if share_prefixes else None
+    plan = plan if plan is not None and any(plan.shared) else None
+    queue = collections.deque(enumerate(plan.order) if plan else enumerate(range(len(requests))))
+    kept: dict[int, object] = {}  # prefix length -> the latest RowPrefix of that length, while a queued one needs it
+    uses = collections.Counter(plan.shared if plan else ())  # prefix length -> requests yet to take it
+    last_row = [0]  # the row of the latest prefill: it holds the latent rows of any prefix the next one shares
     slot_req: list[int | None] = [None] * B
     slot_out: list[list[int]] = [[] for _ in range(B)]
     tok_host, pos_host = [0] * B, [0] * B
@@ -127,10 +198,25 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     def admit(b: int) -> None:
         """Fill slot b with the next request that does not finish at its first token; else leave it idle."""
         while queue:
-            r = queue.popleft()
+            k, r = queue.popleft()
             req = requests[r]
             t0 = time.perf_counter()
-            logits = engine.prefill_row(b, torch.tensor([list(req.ids)], dtype=torch.long))
+            ids = torch.tensor([list(req.ids)], dtype=torch.long)
+            if plan:  # the previous prefill's row holds the shared latent rows: rows before a prompt's end never
+                # change while it decodes, and no other prefill came since
+                n = plan.shared[k]
+                reuse = dataclasses.replace(kept[n], row=last_row[0]) if n else None
+                logits, new = engine.prefill_row_shared(b, ids, reuse, plan.keep[k])
+                uses[n] -= 1
+                for length in [length for length in kept if length > n]:  # no later prompt shares that much
+                    del kept[length]
+                kept.update(new)
+                for length in [length for length in kept if uses[length] <= 0]:
+                    del kept[length]
+                stats.prefix_reused_tokens += n
+                last_row[0] = b
+            else:
+                logits = engine.prefill_row(b, ids)
             token = int(logits.argmax(-1)[0].item())
             stats.prefill_times_s.append(time.perf_counter() - t0)
             stats.prefill_s += stats.prefill_times_s[-1]

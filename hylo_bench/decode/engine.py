@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,25 @@ logger = logging.getLogger(__name__)
 GIB = 2 ** 30
 FUSED_GEMVS = ("in", "out", "gate_up", "down", "head")
 DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read it at 97 %, the Triton GEMV at 87 %
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RowPrefix:
+    """A prompt prefix kept by :meth:`Engine.prefill_row_shared` for a later prompt that starts with it.
+
+    Attributes:
+        row: the engine row whose latent cache rows [0, length) hold the prefix's MLA latents (not copied: they stay
+            valid while that row's sequence decodes, and until the row is prefilled again).
+        length: tokens, a whole number of prefill chunks.
+        ids: [length] int64 on the host, the prefix's token ids (checked against the prompt that reuses it).
+        linear: per layer, a copy of the row's linear state (GDN / Mamba-2 state and conv caches) after ``length``
+            tokens; None for MLA layers.
+    """
+
+    row: int
+    length: int
+    ids: torch.Tensor
+    linear: list
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -540,20 +559,83 @@ class Engine(_EngineBase):
         Raises:
             ValueError: a row outside the batch, bad shapes or a prompt longer than ``max_context``.
         """
+        return self.prefill_row_shared(row, input_ids)[0]
+
+    @torch.inference_mode()
+    def prefill_row_shared(self, row: int, input_ids: torch.Tensor, reuse: RowPrefix | None = None,
+                           keep: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, RowPrefix]]:
+        """:meth:`prefill_row` that starts from a prefix kept earlier and / or keeps prefixes of this prompt for
+        later ones (prefix sharing, as vLLM's prefix caching of hybrid models: whole blocks only).
+
+        Prefixes are whole prefill chunks, so the tokens after one are prefilled in exactly the chunks a full
+        prefill would use, from bitwise the same latent rows and states: the logits, caches and states equal those
+        of :meth:`prefill_row` bit for bit.
+
+        Args:
+            row, input_ids: as :meth:`prefill_row`.
+            reuse: a prefix kept by an earlier call (:class:`RowPrefix`) whose tokens start this prompt; its latent
+                rows are copied from ``reuse.row`` (which must still hold them: rows before a sequence's prompt end
+                never change while it decodes) and its linear states loaded, and prefill starts at ``reuse.length``.
+            keep: positions, each a multiple of ``prefill_chunk`` from ``reuse.length`` (0 without ``reuse``,
+                exclusive) up to T: this prompt's prefix of each length is returned as a :class:`RowPrefix` (the
+                linear states are copied when the prefill reaches them; at ``reuse.length``, ``reuse``'s own).
+
+        Returns:
+            (logits [1, V] of the last position, {length: the kept :class:`RowPrefix`}).
+
+        Raises:
+            ValueError: as :meth:`prefill_row`; a ``reuse`` that is not a whole number of chunks, not shorter than
+                the prompt or not its prefix; a ``keep`` position that is not a multiple of ``prefill_chunk``
+                between ``reuse.length`` (or 1) and T.
+        """
         if not 0 <= row < self.max_batch:
             raise ValueError(f"row {row} outside the engine's batch of {self.max_batch}")
         B, T = self._check(input_ids, 1)
         if B != 1:
             raise ValueError(f"prefill_row takes one prompt ([1, T]); got batch {B}")
+        chunk = self.prefill_chunk
+        start0 = 0 if reuse is None else reuse.length
+        if reuse is not None and (start0 % chunk or not 0 < start0 < T
+                                  or not torch.equal(reuse.ids, input_ids[0, :start0].cpu())):
+            raise ValueError(f"reuse: a {start0}-token prefix (prefill_chunk={chunk}) must be a positive whole "
+                             f"number of chunks below the prompt's {T} tokens and equal its first {start0} tokens")
+        bad = [k for k in keep if k % chunk or not max(start0, 1) <= k <= T]
+        if bad:
+            raise ValueError(f"keep={sorted(keep)}: positions must be multiples of prefill_chunk={chunk} from "
+                             f"{max(start0, 1)} up to the prompt's {T} tokens; {bad} are not")
         slots = self._row_slots(row)
-        for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before being read
-            if not isinstance(slot, MLACacheSlot):
-                map_state(slot, lambda t: t.zero_())
+        kept: dict[int, RowPrefix] = {}
+        if reuse is not None:
+            self._load_prefix(row, slots, reuse)
+            if start0 in keep:
+                kept[start0] = dataclasses.replace(reuse, row=row)
+        else:
+            for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before being read
+                if not isinstance(slot, MLACacheSlot):
+                    map_state(slot, lambda t: t.zero_())
         ids = input_ids.to(self.device)
         hidden = None
-        for start in range(0, T, self.prefill_chunk):
-            hidden = self._prefill(ids[:, start:start + self.prefill_chunk], start, slots)
-        return self._lm_logits(hidden)[:, -1]
+        for start in range(start0, T, chunk):
+            hidden = self._prefill(ids[:, start:start + chunk], start, slots)
+            end = min(start + chunk, T)
+            if end in keep:
+                kept[end] = RowPrefix(row=row, length=end, ids=input_ids[0, :end].cpu().clone(),
+                                      linear=[None if isinstance(s, MLACacheSlot) else map_state(s, torch.clone)
+                                              for s in slots])
+        return self._lm_logits(hidden)[:, -1], kept
+
+    def _load_prefix(self, row: int, slots: list, prefix: RowPrefix) -> None:
+        """Copy ``prefix``'s latent rows from its row into ``row`` and load its linear states into ``slots``."""
+        n = prefix.length
+        for full, slot, state in zip(self.slots, slots, prefix.linear):
+            if isinstance(full, MLACacheSlot):
+                if prefix.row != row:
+                    full.latent[row, :n].copy_(full.latent[prefix.row, :n])
+                    if full.key_scale is not None:
+                        full.key_scale[row, :n].copy_(full.key_scale[prefix.row, :n])
+            else:
+                for (_, dst), (_, src) in zip(self._slot_tensors(slot), self._slot_tensors(state)):
+                    dst.copy_(src)
 
     def _rows(self, state, B: int):
         """A view of the first B rows of a linear state (in-place updates reach the preallocated buffers)."""

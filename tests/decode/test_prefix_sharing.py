@@ -1,0 +1,100 @@
+"""Prefix sharing in continuous batching: the serving plan (exact orders and token counts), the engine's prefill from
+a kept prefix (bitwise equal to a full prefill: logits, latent rows, linear states), and whole runs whose tokens
+equal a cache-free greedy loop, for MLA+GDN, MLA+Mamba-2 and q/k-norm MLA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hylo_bench.decode.batching import BatchStats, Request, continuous_generate, shared_prefix_plan
+from hylo_bench.decode.engine import Engine
+from tests.decode.test_batching import LAYOUTS, _model, _naive_greedy
+
+A = [5, 6, 7, 8, 9, 10, 11, 12, 13, 40, 41]
+B = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 50, 51, 52]
+C = [20, 21, 22]
+D = [5, 6, 7, 8, 9, 10, 30, 31]
+E = [5, 6, 7, 8]
+
+
+def test_plan_orders_lexicographically_and_shares_whole_chunks():
+    plan = shared_prefix_plan([A, B, C, D, E], chunk=4)
+    # E < B < A < D < C; common prefixes E|B 4, B|A 9, A|D 6, D|C 0 -> whole chunks of 4: 4, 8, 4, 0
+    assert plan.order == [4, 1, 0, 3, 2]
+    assert plan.shared == [0, 4, 8, 4, 0]
+    # B's 4 and D's 4 come from E (the last prompt prefilled across position 4), A's 8 from B
+    assert plan.keep == [[4], [8], [], [], []]
+    # a prompt's last token is always prefilled: a repeated 12-token prompt shares 8 tokens, not 12
+    assert shared_prefix_plan([B[:12], B[:12]], chunk=4).shared == [0, 8]
+    assert shared_prefix_plan([B[:12], B], chunk=4).shared == [0, 12]
+    assert shared_prefix_plan([A, B], chunk=16).shared == [0, 0]  # nothing whole: input order
+    assert shared_prefix_plan([B, A], chunk=16).order == [0, 1]
+
+
+def _row_state(engine: Engine, row: int, T: int) -> list[torch.Tensor]:
+    out = []
+    for slot in engine.slots:
+        for name, t in engine._slot_tensors(slot):
+            out.append(t[row, :T] if name != "linear_state" else t[row])
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+@torch.inference_mode()
+def test_prefill_from_a_kept_prefix_is_bitwise_a_full_prefill(kind):
+    model = _model(kind)
+    g = torch.Generator().manual_seed(7)
+    p = torch.randint(3, 97, (1, 13), generator=g)
+    q = torch.cat([p[:, :9], torch.randint(3, 97, (1, 4), generator=g)], 1)  # shares 9 tokens: 2 chunks of 4
+    engine = Engine(model, max_batch=3, max_context=16, prefill_chunk=4)
+    logits_p, kept = engine.prefill_row_shared(0, p, keep=[4, 8])
+    assert sorted(kept) == [4, 8] and kept[8].row == 0 and torch.equal(kept[8].ids, p[0, :8])
+    logits_q, again = engine.prefill_row_shared(2, q, reuse=kept[8], keep=[8])
+    assert again[8].row == 2 and again[8].linear is kept[8].linear  # the reused prefix, now held by row 2 as well
+    fresh = Engine(model, max_batch=1, max_context=16, prefill_chunk=4)
+    assert torch.equal(logits_p, fresh.prefill_row(0, p))
+    assert torch.equal(logits_q, fresh.prefill_row(0, q))
+    assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, 2, 13), _row_state(fresh, 0, 13)))
+    # from the 4-token prefix into row 1 (latent rows copied from row 0)
+    logits_q4, _ = engine.prefill_row_shared(1, q, reuse=kept[4])
+    assert torch.equal(logits_q4, logits_q)
+    assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, 1, 13), _row_state(fresh, 0, 13)))
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+def test_continuous_generate_with_shared_prefixes_equals_the_naive_loop(kind):
+    model = _model(kind)
+    g = torch.Generator().manual_seed(11)
+    stem = torch.randint(3, 97, (14,), generator=g).tolist()
+    cuts, tails = [9, 14, 6, 12, 2, 14, 10], [3, 2, 5, 1, 6, 4, 2]
+    prompts = [stem[:c] + torch.randint(3, 97, (t,), generator=g).tolist() for c, t in zip(cuts, tails)]
+    budgets = [4, 2, 6, 3, 5, 2, 4]
+    naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
+    reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
+    plan = shared_prefix_plan(prompts, 4)
+    assert sum(plan.shared) > 0 and any(len(k) for k in plan.keep)
+    for slots in (2, 3):  # 2: rows are refilled while kept prefixes wait for their request
+        stats = BatchStats(batch_size=slots)
+        got = continuous_generate(Engine(model, max_batch=slots, max_context=24, prefill_chunk=4), reqs, stats=stats)
+        assert got == naive
+        assert stats.prefix_reused_tokens == sum(plan.shared) and stats.prefill_tokens == sum(map(len, prompts))
+    stats = BatchStats(batch_size=2)
+    off = continuous_generate(Engine(model, max_batch=2, max_context=24, prefill_chunk=4), reqs, stats=stats,
+                              share_prefixes=False)
+    assert off == naive and stats.prefix_reused_tokens == 0
+
+
+@torch.inference_mode()
+def test_prefill_row_shared_refuses_bad_prefixes():
+    engine = Engine(_model("gdn"), max_batch=2, max_context=16, prefill_chunk=4)
+    p = torch.tensor([A])
+    _, kept = engine.prefill_row_shared(0, p, keep=[8])
+    with pytest.raises(ValueError, match="equal its first 8 tokens"):
+        engine.prefill_row_shared(1, torch.tensor([D]), reuse=kept[8])
+    with pytest.raises(ValueError, match="below the prompt's 8 tokens"):
+        engine.prefill_row_shared(1, torch.tensor([A[:8]]), reuse=kept[8])
+    with pytest.raises(ValueError, match=r"keep=\[6\]: positions must be multiples of prefill_chunk=4 from 1 up to"):
+        engine.prefill_row_shared(1, p, keep=[6])
+    with pytest.raises(ValueError, match=r"from 8 up to the prompt's 11 tokens; \[4\] are not"):
+        engine.prefill_row_shared(1, p, reuse=kept[8], keep=[4])
