@@ -14,7 +14,8 @@ Writes benchmarks/results/ruler_throughput.json (one record per model and length
 ``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom; with continuous batching also ``prefill_s``,
 ``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs;
 ``prefill_first_s``, ``prefill_median_s``, ``prefill_max_s``: one prompt's prefill, the first of the point and
-the median and slowest of all) after every point.
+the median and slowest of all; ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
+a shared prefix instead of prefilled, ``--prefix-sharing``) after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
@@ -92,6 +93,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="ruler --batch-size for every point")
     ap.add_argument("--prefill-chunks", default="",
                     help="ruler --prefill-chunk values for the hybrid, comma-separated, one point each ('' = default)")
+    ap.add_argument("--prefix-sharing", default="on",
+                    help="ruler --prefix-sharing for the hybrid: on, off or on,off (one point each; 'on' passes "
+                    "nothing, so a checkout without the option runs too)")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
@@ -120,9 +124,10 @@ def main() -> None:
     for build, engines in plan:
         model, info = build()
         hybrid = info["kind"] == "hylo"
-        points = [(e, n, c, r) for e in engines for n in lengths for c in (chunks if hybrid else [None])
-                  for r in range(args.repeat)]
-        for engine, length, chunk, repeat in points:
+        sharing = args.prefix_sharing.split(",") if hybrid else ["on"]
+        points = [(e, n, c, sh, r) for e in engines for n in lengths for c in (chunks if hybrid else [None])
+                  for sh in sharing for r in range(args.repeat)]
+        for engine, length, chunk, share, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": args.batch_size,
@@ -130,6 +135,8 @@ def main() -> None:
                 write_result(Path(args.out), doc)
                 continue
             extra = {} if chunk is None else {"prefill_chunk": chunk}  # (a checkout without the option: default)
+            if share == "off":
+                extra["prefix_sharing"] = False
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
@@ -138,7 +145,8 @@ def main() -> None:
             t0 = time.perf_counter()
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
                    "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine),
-                   "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat}
+                   "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
+                   "prefix_sharing": share if hybrid else None}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()
@@ -150,6 +158,8 @@ def main() -> None:
                     rec.update(prefill_s=round(st["prefill_s"], 3), decode_s=round(st["decode_s"], 3),
                                prefills=st["prefills"], decode_steps=st["decode_steps"],
                                generated_tokens=st["generated_tokens"],
+                               prefill_tokens=st.get("prefill_tokens"),
+                               prefix_reused_tokens=st.get("prefix_reused_tokens"),  # None: a checkout without it
                                **{k: round(st[k], 3) for k in ("prefill_first_s", "prefill_median_s",
                                                                "prefill_max_s") if st.get(k) is not None},
                                other_s=round(secs - st["prefill_s"] - st["decode_s"], 3))

@@ -396,6 +396,9 @@ def ruler(
     prefill_chunk: Optional[str] = typer.Option(None, "--prefill-chunk", help="Tokens per prefill chunk of the "
                                                 "native engine, e.g. 32k (default 8k); larger chunks launch fewer "
                                                 "kernels per prompt and hold more activations."),
+    prefix_sharing: bool = typer.Option(True, "--prefix-sharing/--no-prefix-sharing", help="Native engine with "
+                                        "--batch-size > 1: prefill the whole chunks a prompt shares with an earlier "
+                                        "one (a haystack before its needle) once; same predictions."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.config.units import parse_length
@@ -424,7 +427,7 @@ def ruler(
                             chat_template=chat_template, device=device, strip_think=strip_think,
                             flavor=flavor, squad_path=squad,
                             hotpotqa_path=hotpotqa, resume=resume, devices=devices, engine=engine, backend=backend,
-                            beyond_context=beyond_context, prefill_chunk=chunk)
+                            beyond_context=beyond_context, prefill_chunk=chunk, prefix_sharing=prefix_sharing)
         with _json_only(as_json):
             result = R.run(cfg, console=console, on_result=_store(None, results_dir))
     except (ValueError, FileNotFoundError) as e:

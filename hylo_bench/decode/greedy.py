@@ -135,13 +135,16 @@ class NativeDecoder:
     time (a warning says so).
 
     ``prefill_chunk``: tokens per prefill chunk of the engine (default :data:`PREFILL_CHUNK_TOKENS`).
+    ``prefix_sharing``: continuous batching prefills the whole chunks a prompt shares with an earlier prompt of the
+    same call only once (``continuous_generate``'s ``share_prefixes``; the tokens are the same either way).
 
     Raises:
         ValueError: a model the engine cannot serve (not HyLo, not a Llama / Qwen3-style transformer), or
             ``batch_size`` / ``prefill_chunk`` < 1.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 1, prefill_chunk: int | None = None):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 1, prefill_chunk: int | None = None,
+                 prefix_sharing: bool = True):
         if not (is_hylo(model) or hasattr(getattr(model, "model", None), "layers")):
             raise ValueError(f"engine='native' serves HyLoForCausalLM and Llama/Qwen3-style transformers; got "
                              f"{type(model).__name__}. Use engine='generate'")
@@ -156,6 +159,7 @@ class NativeDecoder:
             batch_size = 1
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
+        self.prefix_sharing = prefix_sharing
         self.eos = eos_ids(model, tokenizer)
         self.cuda_graphs = is_hylo(model) and _device_type(model) == "cuda"
         self.engine: Any = None
@@ -212,7 +216,8 @@ class NativeDecoder:
         from hylo_bench.decode.batching import Request, continuous_generate
 
         return continuous_generate(engine, [Request(ids=ids, max_new_tokens=max_new_tokens, should_stop=should_stop)
-                                            for ids in prompts], self.eos, stats=self.stats)
+                                            for ids in prompts], self.eos, stats=self.stats,
+                                   share_prefixes=self.prefix_sharing)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
         return [self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -220,11 +225,12 @@ class NativeDecoder:
 
 
 def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1,
-                 prefill_chunk: int | None = None) -> Decoder:
+                 prefill_chunk: int | None = None, prefix_sharing: bool = True) -> Decoder:
     """The decode function of ``engine`` (:func:`resolve_engine`) for ``model``: ``generate`` left-pads batches of
     ``batch_size`` prompts, ``static`` does the same over a preallocated ``StaticCache`` (:class:`StaticCaches`;
     transformer models), ``native`` serves a HyLo model's prompts with continuous batching over ``batch_size``
-    slots (:class:`NativeDecoder`, ``prefill_chunk`` tokens per prefill chunk; the other engines ignore it).
+    slots (:class:`NativeDecoder`, ``prefill_chunk`` tokens per prefill chunk, ``prefix_sharing``; the other
+    engines ignore both).
 
     Raises:
         ValueError: unknown engine, ``static`` for a HyLo model, or ``native`` for a model the engine cannot serve.
@@ -234,4 +240,4 @@ def make_decoder(model: Any, tokenizer: Any, engine: str, batch_size: int = 1,
         return functools.partial(generate_batch, model, tokenizer)
     if resolved == "static":
         return functools.partial(generate_batch, model, tokenizer, caches=StaticCaches(model))
-    return NativeDecoder(model, tokenizer, batch_size, prefill_chunk)
+    return NativeDecoder(model, tokenizer, batch_size, prefill_chunk, prefix_sharing)

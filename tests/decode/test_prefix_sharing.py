@@ -40,10 +40,12 @@ def _row_state(engine: Engine, row: int, T: int) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
 @torch.inference_mode()
-def test_prefill_from_a_kept_prefix_is_bitwise_a_full_prefill(kind):
-    model = _model(kind)
+def test_prefill_from_a_kept_prefix_is_bitwise_a_full_prefill(kind, device):
+    """On CUDA with the engine's kernels (cuDNN / SDPA prefix attention, fla's chunked GDN and convolutions)."""
+    model = _model(kind).to(device)
     g = torch.Generator().manual_seed(7)
     p = torch.randint(3, 97, (1, 13), generator=g)
     q = torch.cat([p[:, :9], torch.randint(3, 97, (1, 4), generator=g)], 1)  # shares 9 tokens: 2 chunks of 4

@@ -103,6 +103,9 @@ class RulerConfig:
         prefill_chunk: tokens per prefill chunk of the native engine (None:
             :data:`hylo_bench.decode.greedy.PREFILL_CHUNK_TOKENS`); larger chunks launch fewer kernels per prompt
             and take more activation memory.
+        prefix_sharing: the native engine's continuous batching prefills the whole chunks that a prompt shares
+            with an earlier one (a NIAH haystack before its needle) once (:mod:`hylo_bench.decode.batching`);
+            predictions are the same either way.
     """
 
     model: str
@@ -125,6 +128,7 @@ class RulerConfig:
     backend: str = "native"
     beyond_context: bool = False  # allow lengths past the model's configured context (length generalisation)
     prefill_chunk: int | None = None
+    prefix_sharing: bool = True
 
     def qa_path(self, task: str) -> str | Path | None:
         """The configured data file of a QA task (``None``: environment variable or default location)."""
@@ -188,6 +192,7 @@ class RulerConfig:
             "strip_think": (self.strip_think, "--strip-think (lm-eval scores the raw generations)"),
             "prefill_chunk": (self.prefill_chunk is not None, "--prefill-chunk (the native engine's; lm-eval's "
                               "generate_until decodes)"),
+            "prefix_sharing": (not self.prefix_sharing, "--no-prefix-sharing (the native engine's)"),
         }
         bad = [why for flag, why in unsupported.values() if flag]
         if bad:
@@ -675,7 +680,7 @@ def evaluate_model(
         atomic_write_json(path, doc)  # the claimed file holds the header from the start, never an empty file
     if hasattr(model, "eval"):
         model.eval()
-    decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size, cfg.prefill_chunk)
+    decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size, cfg.prefill_chunk, cfg.prefix_sharing)
     scores: dict[str, dict[str, float]] = {}
     encoder = PromptEncoder(tokenizer, cfg.chat_template, encode_workers())
     with _progress(console, disable=not lead) as progress, encoder:
