@@ -218,6 +218,8 @@ def test_bad_input_is_actionable(tmp_path, monkeypatch):
         _cfg(tmp_path, resume=True, engine="native")
     with pytest.raises(ValueError, match="backend must be one of"):
         _cfg(tmp_path, backend="vllm")
+    with pytest.raises(ValueError, match=r"--prefill-chunk \(the native engine's.*--no-prefix-sharing"):
+        _cfg(tmp_path, prefill_chunk=4096, prefix_sharing=False)
     monkeypatch.delenv("HYLO_BENCH_SQUAD", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     with pytest.raises(FileNotFoundError, match=r"dev-v2\.0\.json.*rajpurkar.*--squad.*HYLO_BENCH_SQUAD"):

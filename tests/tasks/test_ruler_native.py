@@ -87,6 +87,38 @@ def test_native_continuous_batching_predictions_equal_batch_one(tok, tmp_path, m
     assert 0 < st["prefill_median_s"] <= st["prefill_max_s"] <= st["prefill_s"] and st["prefill_first_s"] > 0
 
 
+def test_prefix_sharing_keeps_the_predictions_and_skips_the_shared_haystack(tok, tmp_path, monkeypatch):
+    """NIAH samples share their haystack up to the first needle: with 16-token chunks, continuous batching takes
+    those chunks from the previous prompt (``ruler --prefix-sharing``, the default), with the predictions of
+    ``--no-prefix-sharing`` and of batch 1. The reused count equals a naive longest-common-prefix count."""
+    from hylo_bench.decode import batching
+
+    model = _hylo(tok)
+    prompts = []
+    real = batching.continuous_generate
+    monkeypatch.setattr(batching, "continuous_generate",
+                        lambda engine, reqs, *a, **k: prompts.append([list(r.ids) for r in reqs])
+                        or real(engine, reqs, *a, **k))
+    kw = dict(tasks=["niah_single_1"], engine="native", samples=6, prefill_chunk=16)
+    one = evaluate_model(model, tok, INFO, _cfg(tmp_path / "1", **kw), console=_quiet())
+    on = evaluate_model(model, tok, INFO, _cfg(tmp_path / "on", batch_size=2, **kw), console=_quiet())
+    off = evaluate_model(model, tok, INFO, _cfg(tmp_path / "off", batch_size=2, prefix_sharing=False, **kw),
+                         console=_quiet())
+    want = _predictions(tmp_path / "1")
+    assert _predictions(tmp_path / "on") == want == _predictions(tmp_path / "off") and all(want[0])
+    assert on["scores"] == off["scores"] == one["scores"]
+    srt = sorted(prompts[0])
+    naive = 0
+    for a, b in zip(srt, srt[1:]):
+        common = 0
+        while common < min(len(a), len(b) - 1) and a[common] == b[common]:
+            common += 1
+        naive += common // 16 * 16
+    assert naive > 0 and on["engine_stats"]["prefix_reused_tokens"] == naive
+    assert off["engine_stats"]["prefix_reused_tokens"] == 0
+    assert on["engine_stats"]["prefill_tokens"] == off["engine_stats"]["prefill_tokens"] == sum(map(len, srt))
+
+
 def test_prefill_chunk_reaches_the_engine_and_keeps_the_predictions(tok, tmp_path, monkeypatch):
     """``RulerConfig.prefill_chunk`` (``ruler --prefill-chunk``) sizes the native engine's prefill chunks; the
     predictions equal those of the default chunk (a prompt of a few hundred tokens in 41-token chunks vs one)."""
