@@ -15,7 +15,8 @@ Writes benchmarks/results/ruler_throughput.json (one record per model and length
 ``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs;
 ``prefill_first_s``, ``prefill_median_s``, ``prefill_max_s``: one prompt's prefill, the first of the point and
 the median and slowest of all; ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
-a shared prefix instead of prefilled, ``--prefix-sharing``) after every point.
+a shared prefix instead of prefilled, ``--prefix-sharing``; ``decode_step_first_s``, ``decode_step_median_s``,
+``decode_step_max_s``: one decode step of all slots, host work included) after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
@@ -160,8 +161,10 @@ def main() -> None:
                                generated_tokens=st["generated_tokens"],
                                prefill_tokens=st.get("prefill_tokens"),
                                prefix_reused_tokens=st.get("prefix_reused_tokens"),  # None: a checkout without it
-                               **{k: round(st[k], 3) for k in ("prefill_first_s", "prefill_median_s",
-                                                               "prefill_max_s") if st.get(k) is not None},
+                               **{k: round(st[k], 5) for k in ("prefill_first_s", "prefill_median_s",
+                                                               "prefill_max_s", "decode_step_first_s",
+                                                               "decode_step_median_s", "decode_step_max_s")
+                                  if st.get(k) is not None},
                                other_s=round(secs - st["prefill_s"] - st["decode_s"], 3))
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])

@@ -63,6 +63,7 @@ class BatchStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prefill_times_s: list[float] = dataclasses.field(default_factory=list, repr=False)
+    decode_times_s: list[float] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -76,14 +77,16 @@ class BatchStats:
         return self.requests / total if total > 0 else None
 
     def to_dict(self) -> dict:
-        """The counters and totals, plus the per-prefill seconds summarised (first, median, max: a run's first
-        prefill at a new length pays one-time costs, cuDNN graphs and kernel tuning); the list itself stays out."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "prefill_times_s"}
-        times = self.prefill_times_s
-        out.update(tokens_per_s=self.tokens_per_s, requests_per_s=self.requests_per_s,
-                   prefill_first_s=times[0] if times else None,
-                   prefill_median_s=statistics.median(times) if times else None,
-                   prefill_max_s=max(times) if times else None)
+        """The counters and totals, plus the per-prefill and per-decode-step seconds summarised (first, median,
+        max: a run's first prefill at a new length pays one-time costs, cuDNN graphs and kernel tuning, and its
+        first decode step the CUDA-graph capture and the GEMVs' tuning); the lists themselves stay out."""
+        lists = ("prefill_times_s", "decode_times_s")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in lists}
+        out.update(tokens_per_s=self.tokens_per_s, requests_per_s=self.requests_per_s)
+        for kind, times in (("prefill", self.prefill_times_s), ("decode_step", self.decode_times_s)):
+            out.update({f"{kind}_first_s": times[0] if times else None,
+                        f"{kind}_median_s": statistics.median(times) if times else None,
+                        f"{kind}_max_s": max(times) if times else None})
         return out
 
 
@@ -239,7 +242,8 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
         tok = torch.tensor(tok_host, dtype=torch.long).to(device, non_blocking=True)
         pos = torch.tensor(pos_host, dtype=torch.long).to(device, non_blocking=True)
         nxt = engine.decode_step(tok, pos).tolist()
-        stats.decode_s += time.perf_counter() - t0
+        stats.decode_times_s.append(time.perf_counter() - t0)
+        stats.decode_s += stats.decode_times_s[-1]
         stats.decode_steps += 1
         for b in range(B):
             r = slot_req[b]

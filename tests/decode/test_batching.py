@@ -3,6 +3,8 @@ prompt lengths and budgets with slots refilled mid-run, EOS and stop predicates,
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -67,6 +69,10 @@ def test_continuous_batching_equals_batch_one_and_naive_loop(kind):
     d = stats.to_dict()
     assert "prefill_times_s" not in d and d["prefill_first_s"] == times[0] and d["prefill_max_s"] == max(times)
     assert d["prefill_median_s"] == sorted(times)[len(times) // 2]  # 7 prefills: the 4th smallest
+    steps = stats.decode_times_s  # one wall time per decode step
+    assert len(steps) == stats.decode_steps and sum(steps) == pytest.approx(stats.decode_s, rel=1e-12)
+    assert "decode_times_s" not in d and d["decode_step_first_s"] == steps[0] and d["decode_step_max_s"] == max(steps)
+    assert d["decode_step_median_s"] == statistics.median(steps)
     assert stats.generated_tokens == sum(len(w) for w in want)
     # a used engine (every slot is reset by its next prefill), no EOS: the schedule is the budgets' alone. A request
     # of n tokens takes its first from the prefill and n - 1 decode steps. Slots 0/1/2 take requests 0 (6), 1 (3),
