@@ -169,7 +169,7 @@ def main() -> None:
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])
             rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            doc["records"].append(rec)
+            doc["records"].append({k: v for k, v in rec.items() if v is not None})  # the store drops nulls
             write_result(Path(args.out), doc)
             print(rec, flush=True)
             torch.cuda.empty_cache()
