@@ -100,3 +100,5 @@ def test_prefill_row_shared_refuses_bad_prefixes():
         engine.prefill_row_shared(1, p, keep=[6])
     with pytest.raises(ValueError, match=r"from 8 up to the prompt's 11 tokens; \[4\] are not"):
         engine.prefill_row_shared(1, p, reuse=kept[8], keep=[4])
+    _, whole = engine.prefill_row_shared(1, torch.tensor([E]), keep=[4])  # a prompt of whole chunks keeps itself
+    assert sorted(whole) == [4] and torch.equal(whole[4].ids, torch.tensor(E))
