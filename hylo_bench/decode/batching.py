@@ -193,13 +193,14 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     queue = collections.deque(enumerate(plan.order) if plan else enumerate(range(len(requests))))
     kept: dict[int, object] = {}  # prefix length -> the latest RowPrefix of that length, while a queued one needs it
     uses = collections.Counter(plan.shared if plan else ())  # prefix length -> requests yet to take it
-    last_row = [0]  # the row of the latest prefill: it holds the latent rows of any prefix the next one shares
+    last_row = 0  # the row of the latest prefill: it holds the latent rows of any prefix the next one shares
     slot_req: list[int | None] = [None] * B
     slot_out: list[list[int]] = [[] for _ in range(B)]
     tok_host, pos_host = [0] * B, [0] * B
 
     def admit(b: int) -> None:
         """Fill slot b with the next request that does not finish at its first token; else leave it idle."""
+        nonlocal last_row
         while queue:
             k, r = queue.popleft()
             req = requests[r]
@@ -208,7 +209,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             if plan:  # the previous prefill's row holds the shared latent rows: rows before a prompt's end never
                 # change while it decodes, and no other prefill came since
                 n = plan.shared[k]
-                reuse = dataclasses.replace(kept[n], row=last_row[0]) if n else None
+                reuse = dataclasses.replace(kept[n], row=last_row) if n else None
                 logits, new = engine.prefill_row_shared(b, ids, reuse, plan.keep[k])
                 uses[n] -= 1
                 for length in [length for length in kept if length > n]:  # no later prompt shares that much
@@ -217,7 +218,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
                 for length in [length for length in kept if uses[length] <= 0]:
                     del kept[length]
                 stats.prefix_reused_tokens += n
-                last_row[0] = b
+                last_row = b
             else:
                 logits = engine.prefill_row(b, ids)
             token = int(logits.argmax(-1)[0].item())
