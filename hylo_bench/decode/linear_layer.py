@@ -11,13 +11,7 @@ from __future__ import annotations
 import torch
 
 from hylo_bench.decode.fused import Prologue, merge_linears, project
-from hylo_bench.kernels.gated_delta import (
-    DECODE_CHOICE,
-    gated_delta_rule,
-    select_gdn_decode_backend,
-    select_prestep_backend,
-)
-from hylo_bench.kernels.gated_delta.glue import short_conv
+from hylo_bench.kernels.gated_delta import DECODE_CHOICE, select_gdn_decode_backend, select_prestep_backend
 from hylo_bench.kernels.gated_delta.ops import gdn_decode_prestep_op, gdn_decode_step, gdn_decode_token_op
 from hylo_bench.models.cache import map_state
 
@@ -92,36 +86,11 @@ class LinearServing:
         return self.counters
 
     def prefill(self, x: torch.Tensor, state) -> torch.Tensor:
-        """x [B, T, D] continuing ``state`` (updated in place) -> [B, T, D]. A GDN mixer with merged projections
-        takes :meth:`_gdn_prefill`; otherwise the module's own forward runs."""
-        if self.kind == "gdn" and self.merged is not None:
-            return self._gdn_prefill(x, state)
+        """x [B, T, D] continuing ``state`` (updated in place) -> [B, T, D], through the module's own forward (its
+        six projections apart: one GEMM over the merged weights measured slower, docs/kernels.md §3.7)."""
         out, new = self.m(x, state=state, use_cache=True)
         _copy_state(state, new)
         return out
-
-    def _gdn_prefill(self, x: torch.Tensor, state) -> torch.Tensor:
-        """``GatedDeltaNet.forward`` over a chunk (no padding mask) from the merged weights: one GEMM for the six
-        projections [B, T, 2 Ck + Cv | 2 H | Cv] instead of six (two of them H = 6 columns wide), and one short
-        convolution over the q / k / v channels side by side (a depthwise convolution: channels never mix), read
-        in place from the GEMM's output; then the module's gates, recurrence and output stage. Same maths as the
-        module, up to the GEMM's rounding."""
-        m = self.m
-        B, T, _ = x.shape
-        H, K, Vd, Ck = m.num_heads, m.head_k_dim, m.head_v_dim, m.key_dim
-        C = 2 * Ck + m.value_dim
-        proj = self.merged.project(x)
-        conv, cache = short_conv(proj[..., :C], self.conv_weight, torch.cat(state.conv, dim=1),
-                                 backend="auto" if T > 1 else "torch")
-        for dst, src in zip(state.conv, cache.split([Ck, Ck, m.value_dim], dim=1)):
-            dst.copy_(src)
-        q, k, v = conv.split([Ck, Ck, m.value_dim], dim=-1)
-        g, beta = m.gates(proj[..., C:C + H], proj[..., C + H:C + 2 * H])
-        o, recurrent = gated_delta_rule(q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, H, Vd), g,
-                                        beta, initial_state=state.recurrent, output_final_state=True,
-                                        use_qk_l2norm_in_kernel=True, backend=m.backend)
-        state.recurrent.copy_(recurrent)
-        return m.output(o, proj[..., C + 2 * H:], x.dtype)
 
     def decode(self, x: torch.Tensor, state, fused: Prologue | None = None) -> torch.Tensor:
         """x [B, 1, D] -> [B, 1, D]; ``state`` updated in place. No host synchronisation.
