@@ -4,9 +4,6 @@ engine's own prefill attention (``prefix:sdpa``: lower-right mask, GQA) per padd
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import attention_backends as A  # noqa: E402
+
+from tests.benchmarks import run_tiny  # noqa: E402
 
 
 @pytest.mark.parametrize("mask", ["lower_right", "none", "causal"])
@@ -31,12 +30,7 @@ def test_flops_count_the_keys_each_query_sees(mask):
 
 
 def test_tiny_run_writes_flat_records(tmp_path):
-    out = tmp_path / "a.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_backends.py"), "--tiny", "--out",
-                          str(out)], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = run_tiny("attention_backends.py", tmp_path / "a.json")
     assert doc["benchmark"] == "attention_backends" and doc["device"] == "cpu"
     recs = doc["records"]
     assert len(recs) == 3 * 4 + 2 and {r["status"] for r in recs} == {"ok"}

@@ -4,26 +4,18 @@ the --max-seconds guard."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_tiny
+
 SERVING_KEYS = ("layout", "seq_len", "batch_size", "ttft_s", "tpot_s", "tokens_per_s", "bound_tpot_s",
                 "fraction_of_bound", "mode", "status")
 
 
 def _run(tmp_path: Path, *extra: str) -> dict:
-    out = tmp_path / "b.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")  # tiny model: one thread beats contention
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "batched_decode.py"), "--tiny", "--out",
-                          str(out), *extra], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_tiny("batched_decode.py", tmp_path / "b.json", *extra)
 
 
 def test_tiny_run_writes_the_envelope_and_flat_records(tmp_path):

@@ -3,9 +3,6 @@ weight really is a multiple of 64 rows, and the --tiny CPU run writes one flat r
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gdn_projection_gemm as G  # noqa: E402
+
+from tests.benchmarks import run_tiny  # noqa: E402
 
 
 def test_layout_of_the_qwen_gdn_layer_has_9228_columns():
@@ -58,12 +57,7 @@ def test_unknown_variant_is_refused():
 
 
 def test_tiny_run_writes_flat_records(tmp_path):
-    out = tmp_path / "g.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gdn_projection_gemm.py"), "--tiny", "--out",
-                          str(out)], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = run_tiny("gdn_projection_gemm.py", tmp_path / "g.json")
     assert doc["benchmark"] == "gdn_projection_gemm" and doc["device"] == "cpu"
     assert [r["variant"] for r in doc["records"]] == list(G.VARIANTS)
     for r in doc["records"]:
