@@ -114,6 +114,11 @@ class PrefixPlan:
     shared: list[int]
     keep: list[list[int]]
 
+    @classmethod
+    def unshared(cls, n: int) -> PrefixPlan:
+        """n requests in input order, each prefilled whole."""
+        return cls(order=list(range(n)), shared=[0] * n, keep=[[] for _ in range(n)])
+
 
 def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPlan:
     """Which whole prefill chunks each prompt can take from the prompts served before it.
@@ -141,7 +146,7 @@ def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPl
         common = int(diff[0, 0]) if len(diff) else m
         shared.append(common // chunk * chunk)
     if not any(shared):
-        return PrefixPlan(order=list(range(n)), shared=[0] * n, keep=[[] for _ in range(n)])
+        return PrefixPlan.unshared(n)
     keep: list[list[int]] = [[] for _ in range(n)]
     for k in range(1, n):
         if shared[k]:
@@ -173,7 +178,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
         ValueError: an engine without per-row prefill (``TransformerEngine``), an empty prompt, ``max_new_tokens`` < 1,
             or a request beyond the engine's ``max_context`` (checked for all requests before any work).
     """
-    if not hasattr(engine, "prefill_row"):
+    if not hasattr(engine, "prefill_row_shared"):
         raise ValueError(f"continuous batching needs the HyLo Engine (per-row prefill); got {type(engine).__name__}")
     for k, req in enumerate(requests):
         if len(req.ids) < 1 or req.max_new_tokens < 1:
@@ -188,11 +193,11 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     stats = stats if stats is not None else BatchStats(batch_size=B)
     stats.batch_size, stats.requests = B, stats.requests + len(requests)
     results: list[list[int] | None] = [None] * len(requests)
-    plan = shared_prefix_plan([req.ids for req in requests], engine.prefill_chunk) if share_prefixes else None
-    plan = plan if plan is not None and any(plan.shared) else None
-    queue = collections.deque(enumerate(plan.order) if plan else enumerate(range(len(requests))))
+    plan = (shared_prefix_plan([req.ids for req in requests], engine.prefill_chunk) if share_prefixes
+            else PrefixPlan.unshared(len(requests)))
+    queue = collections.deque(enumerate(plan.order))
     kept: dict[int, object] = {}  # prefix length -> the latest RowPrefix of that length, while a queued one needs it
-    uses = collections.Counter(plan.shared if plan else ())  # prefix length -> requests yet to take it
+    uses = collections.Counter(plan.shared)  # prefix length -> requests yet to take it
     last_row = 0  # the row of the latest prefill: it holds the latent rows of any prefix the next one shares
     slot_req: list[int | None] = [None] * B
     slot_out: list[list[int]] = [[] for _ in range(B)]
@@ -206,21 +211,19 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             req = requests[r]
             t0 = time.perf_counter()
             ids = torch.tensor([list(req.ids)], dtype=torch.long)
-            if plan:  # the previous prefill's row holds the shared latent rows: rows before a prompt's end never
-                # change while it decodes, and no other prefill came since
-                n = plan.shared[k]
-                reuse = dataclasses.replace(kept[n], row=last_row) if n else None
-                logits, new = engine.prefill_row_shared(b, ids, reuse, plan.keep[k])
-                uses[n] -= 1
-                for length in [length for length in kept if length > n]:  # no later prompt shares that much
-                    del kept[length]
-                kept.update(new)
-                for length in [length for length in kept if uses[length] <= 0]:
-                    del kept[length]
-                stats.prefix_reused_tokens += n
-                last_row = b
-            else:
-                logits = engine.prefill_row(b, ids)
+            # the previous prefill's row holds the shared latent rows: rows before a prompt's end never change while
+            # it decodes, and no other prefill came since
+            n = plan.shared[k]
+            reuse = dataclasses.replace(kept[n], row=last_row) if n else None
+            logits, new = engine.prefill_row_shared(b, ids, reuse, plan.keep[k])
+            uses[n] -= 1
+            for length in [length for length in kept if length > n]:  # no later prompt shares that much
+                del kept[length]
+            kept.update(new)
+            for length in [length for length in kept if uses[length] <= 0]:
+                del kept[length]
+            stats.prefix_reused_tokens += n
+            last_row = b
             token = int(logits.argmax(-1)[0].item())
             stats.prefill_times_s.append(time.perf_counter() - t0)
             stats.prefill_s += stats.prefill_times_s[-1]
