@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -416,10 +417,13 @@ class Engine(_EngineBase):
         self._graphs: dict[int, tuple] = {}
         self.graph_error: str | None = None
         self.compiled = compile
-        self._step_fn = self._step
+        # Through a weak reference: a bound method kept on the engine is a reference cycle, and the engine's caches
+        # and CUDA graphs would then outlive the last reference until the garbage collector's next full pass (a
+        # larger engine built meanwhile, as NativeDecoder does when a prompt outgrows the cache, holds both).
+        self._step_fn = _weak_step(self)
         if compile:
             how = {"options": compile_options} if compile_options is not None else {"mode": mode}
-            self._step_fn = torch.compile(self._step, fullgraph=True, dynamic=False, backend=compile_backend, **how)
+            self._step_fn = torch.compile(self._step_fn, fullgraph=True, dynamic=False, backend=compile_backend, **how)
             logger.info("decode step compiled with torch.compile (%s, backend %s)", how, compile_backend)
 
     def cache_bytes(self) -> dict[str, int]:
@@ -785,6 +789,16 @@ def greedy_token(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     best, where = padded.view(B, groups, chunk).max(-1)  # [B, G]: first maximal index within each chunk
     g = best.argmax(-1)  # the first chunk holding the maximum
     return g * chunk + where.gather(-1, g[:, None])[:, 0]
+
+
+def _weak_step(engine: Engine) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``engine._step`` reached through a weak reference (``torch.compile`` traces through it)."""
+    ref = weakref.ref(engine)
+
+    def step(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return ref()._step(tok, pos)
+
+    return step
 
 
 def make_engine(model, max_batch: int, max_context: int, prefill_chunk: int = 8192, **kw):

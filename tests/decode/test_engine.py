@@ -214,6 +214,41 @@ def test_compiled_decode_step_traces_whole_and_gives_the_same_tokens():
     assert torch.equal(got, want), (got, want)
 
 
+@pytest.fixture
+def gc_off():
+    import gc
+
+    gc.disable()
+    yield
+    gc.enable()
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_dropped_engine_is_freed_at_once(compile, gc_off):
+    """With the garbage collector off, dropping the last reference frees the engine (and so its caches): no
+    reference cycle through the stored, possibly compiled, decode step. Continuous batching and the engine's
+    growth in NativeDecoder (old engine dropped before the larger one is built) rely on it."""
+    import types
+    import weakref
+
+    from hylo_bench.decode.batching import Request, continuous_generate
+    from hylo_bench.decode.greedy import NativeDecoder
+
+    model = _model("gdn")
+    kw = {"compile": True, "compile_backend": "aot_eager"} if compile else {}
+    engine = Engine(model, max_batch=2, max_context=32, prefill_chunk=4, **kw)
+    out = continuous_generate(engine, [Request(ids=[5, 6, 7, 8, 9], max_new_tokens=3),
+                                       Request(ids=[5, 6, 7, 8, 10, 11], max_new_tokens=2)], set())
+    assert [len(t) for t in out] == [3, 2]
+    ref = weakref.ref(engine)
+    del engine
+    assert ref() is None
+    decoder = NativeDecoder(model, tokenizer=types.SimpleNamespace(eos_token_id=2), batch_size=2)
+    first = weakref.ref(decoder._ensure(8))
+    decoder._ensure(decoder.capacity + 1)  # a longer prompt: a larger engine replaces the first
+    assert first() is None and decoder.engine is not None
+
+
 def test_gdn_decode_custom_op_updates_the_state_like_the_step():
     """hylo::gdn_decode_step mutates the state in place to the torch step's new state (float64)."""
     from hylo_bench.kernels.gated_delta import gated_delta_rule_step
@@ -264,6 +299,21 @@ def test_gpu_engine_graphs_and_kernels_match_the_torch_paths(kind):
         e.last_logits = logits
     rel = ((eager.last_logits - ref.last_logits).norm() / ref.last_logits.norm()).item()
     assert rel < 2e-2, rel
+
+
+@pytest.mark.gpu
+def test_gpu_dropped_engine_returns_its_memory(gc_off):
+    """A CUDA-graph engine (caches, graph pool) gives back every byte it allocated when dropped, with the garbage
+    collector off."""
+    model = _model("gdn").cuda().to(torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    engine = Engine(model, 2, 4096, 128, cuda_graphs=True, compile=True, compile_mode="default")
+    tok, t = engine.generate(torch.randint(3, 97, (2, 300), device="cuda"), 4)
+    assert t.cuda_graphs and engine.graph_error is None and torch.cuda.memory_allocated() > before
+    del engine, tok, t
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
 
 
 @pytest.mark.parametrize("kind,q_lora_rank", [("gdn", 48), ("gdn-qknorm", None), ("mamba", 48)])
