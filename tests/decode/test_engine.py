@@ -303,17 +303,23 @@ def test_gpu_engine_graphs_and_kernels_match_the_torch_paths(kind):
 
 @pytest.mark.gpu
 def test_gpu_dropped_engine_returns_its_memory(gc_off):
-    """A CUDA-graph engine (caches, graph pool) gives back every byte it allocated when dropped, with the garbage
-    collector off."""
+    """A compiled CUDA-graph engine is freed when dropped, with the garbage collector off, and its caches' bytes
+    come back. (Not every byte: torch keeps a cuBLAS workspace per stream that ran a GEMM, the capture's included.)"""
+    import weakref
+
     model = _model("gdn").cuda().to(torch.bfloat16)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    engine = Engine(model, 2, 4096, 128, cuda_graphs=True, compile=True, compile_mode="default")
+    engine = Engine(model, 2, 65536, 128, cuda_graphs=True, compile=True, compile_mode="default")
     tok, t = engine.generate(torch.randint(3, 97, (2, 300), device="cuda"), 4)
-    assert t.cuda_graphs and engine.graph_error is None and torch.cuda.memory_allocated() > before
+    assert t.cuda_graphs and engine.graph_error is None
+    cache = sum(engine.cache_bytes().values())
+    assert cache > 20 * 2**20
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    ref = weakref.ref(engine)
     del engine, tok, t
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert ref() is None
+    assert torch.cuda.memory_allocated() <= held - cache
 
 
 @pytest.mark.parametrize("kind,q_lora_rank", [("gdn", 48), ("gdn-qknorm", None), ("mamba", 48)])
