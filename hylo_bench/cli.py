@@ -394,7 +394,7 @@ def ruler(
                                "on CUDA), native (greedy through the native serving engine, continuous batching "
                                "over --batch-size slots) or auto (native for HyLo models on CUDA)."),
     prefill_chunk: Optional[str] = typer.Option(None, "--prefill-chunk", help="Tokens per prefill chunk of the "
-                                                "native engine, e.g. 32k (default 8k); larger chunks launch fewer "
+                                                "native engine, e.g. 32k (default 16k); larger chunks launch fewer "
                                                 "kernels per prompt and hold more activations."),
     prefix_sharing: bool = typer.Option(True, "--prefix-sharing/--no-prefix-sharing", help="Native engine with "
                                         "--batch-size > 1: prefill the whole chunks a prompt shares with an earlier "
