@@ -14,9 +14,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 ENGINES = ("auto", "generate", "static", "native")
 PREFILL_CHUNK_TOKENS = 16384
-"""Prefill chunk of the native engine for RULER and ``eval`` (bounds activation memory). 16K over 8K: fewer, larger
-kernels and fewer attention merges per prompt; RULER at 64K, batch 8 ran at 1.13 samples/s against 1.00-1.11 on one
-H100 (32K: 1.16, with more activation memory; ``benchmarks/results/ruler_prefill_chunks_h100.json``)."""
+"""Prefill chunk of the native engine for RULER and ``eval`` (bounds activation memory). 16K rather than 8K: fewer,
+larger kernels and fewer attention merges per prompt, at half the activation memory of 32K
+(``benchmarks/results/ruler_prefill_chunks_h100.json``)."""
 CAPACITY_STEP_TOKENS = 4096
 """The native engine's cache capacity grows in multiples of this, so similar prompt lengths share one engine."""
 
