@@ -206,7 +206,9 @@ def main() -> None:
                          "(Engine(gdn_prestep_backend='triton')); +onepass: the fused GEMV's RMSNorm statistics in its "
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
                          "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without "
-                         "programmatic dependent launch; +gdn=fla|triton|torch: the GDN decode back end (default "
+                         "programmatic dependent launch; +l2pf=gemv.mla|gemv|mla|none: which kernels ask L2 for "
+                         "their weights / cache rows before the PDL wait (default gemv.mla); "
+                         "+gdn=fla|triton|torch: the GDN decode back end (default "
                          "auto: the one-kernel "
                          "token on CUDA). Without suffixes: gemv and pre-step on torch")
     ap.add_argument("--batches", default="1", help="decode batch sizes, comma-separated (one engine sized for the "
@@ -249,6 +251,7 @@ def main() -> None:
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
         rows_kernel = "dot"
         gdn = "auto"
+        l2pf = ("gemv", "mla")
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"
@@ -259,6 +262,8 @@ def main() -> None:
                 one_pass = True
             elif extra == "nopdl":  # the row-block GEMV without programmatic dependent launch
                 pdl = False
+            elif extra.startswith("l2pf="):  # the L2 prefetch before the PDL wait (hylo_bench.kernels.l2_prefetch)
+                l2pf = tuple(x for x in extra.partition("=")[2].split(".") if x in ("gemv", "mla"))
             elif extra.startswith("gdn="):  # the GDN decode back end (LinearServing)
                 gdn = extra.partition("=")[2]
             elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
@@ -276,6 +281,10 @@ def main() -> None:
             triton_kernel.ONE_PASS_NORM = one_pass
             triton_kernel.KERNEL = kernel
             triton_kernel.ROWS_KERNEL = rows_kernel
+            triton_kernel.L2_PREFETCH = "gemv" in l2pf
+            from hylo_bench.kernels.mla_decode import triton_kernel as mla_kernel
+
+            mla_kernel.L2_PREFETCH = "mla" in l2pf
             from hylo_bench.kernels import pdl as pdl_mode
 
             pdl_mode.MODE = pdl
@@ -291,7 +300,7 @@ def main() -> None:
                    "gemv_backend": gemv, "fused_gemvs": ".".join(fused) if gemv == "triton" else "",
                    "gdn_prestep_backend": prestep, "gemv_one_pass_norm": one_pass, "gemv_kernel": kernel,
                    "gemv_rows_kernel": rows_kernel,
-                   "gemv_pdl": str(pdl),
+                   "gemv_pdl": str(pdl), "l2_prefetch": ".".join(l2pf) or "none",
                    "gdn_decode_backend": next((m.gdn_backend for m in engine.mixers if hasattr(m, "gdn_backend")),
                                               "")}
             try:

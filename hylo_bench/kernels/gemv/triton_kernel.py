@@ -37,6 +37,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hylo_bench.kernels.gemv.tuned import tuned_config
+from hylo_bench.kernels.l2_prefetch import line_elements, prefetch_l2
 from hylo_bench.kernels.pdl import use_pdl
 
 MAX_ROWS = 16  # larger batches take the torch path (the GEMV is then a small GEMM that cuBLAS handles well)
@@ -49,6 +50,9 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
             for pf in (0, 1, 2)]
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
+# With PDL, the row-block and tensor-core kernels ask L2 for the rest of their W slab before waiting for the previous
+# kernel (hylo_bench.kernels.l2_prefetch). False: off (benchmarks compare).
+L2_PREFETCH = True
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
 ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows (module docstring); "rowblock": KERNEL's form for every M
@@ -97,13 +101,13 @@ def _prune_for_group(configs, named_args, **kwargs):
     return kept or configs[:0]
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "ONE_PASS", "PDL"],
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "ONE_PASS", "PDL", "L2_PF"],
                  prune_configs_by={"early_config_prune": _prune_for_group})
 @triton.jit
 def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_gm, stride_rm, stride_ym, eps,
                        PROLOGUE: tl.constexpr, GROUP: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
-                       ONE_PASS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       ONE_PASS: tl.constexpr, PDL: tl.constexpr, L2_PF: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """PROLOGUE 0: none, 1: RMSNorm (weight NW), 2: SwiGLU over X = [gate ; up] (row width 2K), 3: GDN's output
     norm: RMSNorm over each group of GROUP features (weight NW [GROUP]) times silu(gate) (G, row stride
     stride_gm), in float32, rounded once (``GatedRMSNorm``).
@@ -113,7 +117,9 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
     and skips the two bf16 roundings LlamaRMSNorm applies to the normalised input). PREFETCH: how many W tiles
     ahead of the one being multiplied are loaded (0, 1 or 2). PDL (launched with programmatic dependent launch,
     Hopper+): the first max(1, PREFETCH) W tiles are loaded before waiting for the previous kernel (W does not
-    depend on it; x and the residual do), and the next kernel may launch once every program has started."""
+    depend on it; x and the residual do), and the next kernel may launch once every program has started.
+    L2_PF (with PDL; 0: off): W's elements per L2 line; the rest of the program's slab is requested from L2 before
+    the wait (:func:`_prefetch_slab`)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -129,6 +135,8 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
         offs_k1 = BLOCK_K + tl.arange(0, BLOCK_K)
         w_next2 = tl.load(w_rows + offs_k1[None, :], mask=mask_n[:, None] & (offs_k1[None, :] < K), other=0.0)
     if PDL:  # everything below reads the previous kernel's output (x, residual) or writes ours
+        if L2_PF > 0:
+            _prefetch_slab(W, offs_n, N, K, stride_wn, BLOCK_K, L2_PF, BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     ss = tl.zeros([M_PAD], dtype=tl.float32)
@@ -172,6 +180,16 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
 
 
 @triton.jit
+def _prefetch_slab(W, offs_n, N, K, stride_wn, k_start, LINE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Ask L2 for rows offs_n (clamped to N - 1) of W [N, K], columns k_start..K - 1, one request per LINE
+    elements, BLOCK_K columns per iteration (:func:`hylo_bench.kernels.l2_prefetch.prefetch_l2`)."""
+    rows = W + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
+    offs_l = tl.arange(0, BLOCK_K // LINE) * LINE
+    for k0 in range(k_start, K, BLOCK_K):
+        prefetch_l2(rows + tl.minimum(k0 + offs_l, K - 1)[None, :])
+
+
+@triton.jit
 def _store_rows(Y, R, acc, offs_m, offs_n, mask_m, mask_n, stride_rm, stride_ym, HAS_RES: tl.constexpr):
     """The epilogue of every GEMV form: Y[offs_m, offs_n] = acc [M_PAD, BLOCK_N] (float32) in Y's dtype, plus the
     residual R rounded once after the add when HAS_RES (``residual + linear(x)`` in the model dtype)."""
@@ -211,17 +229,18 @@ def _prologue_x(NW, x_rows, g_rows, offs_k, mask_m, K, rstd, eps, PROLOGUE: tl.c
     return xv
 
 
-@triton.autotune(configs=_DOT_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "PDL"],
+@triton.autotune(configs=_DOT_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "GROUP", "HAS_RES", "PDL", "L2_PF"],
                  prune_configs_by={"early_config_prune": _prune_for_group})
 @triton.jit
 def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_gm, stride_rm, stride_ym, eps,
                            PROLOGUE: tl.constexpr, GROUP: tl.constexpr, HAS_RES: tl.constexpr, M_PAD: tl.constexpr,
-                           PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           STAGES: tl.constexpr):
+                           PDL: tl.constexpr, L2_PF: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """Tensor-core form (module docstring): program p owns output features [p BLOCK_N, (p + 1) BLOCK_N) of every
     row; PROLOGUE / GROUP / HAS_RES as in the row-block kernel, M_PAD >= 16 (tl.dot's smallest M). The prologue's
     input tile is rounded to W's dtype before the product, as the row-block kernel's is (exact products in
-    float32). IEEE: float32 products in full precision (float32 weights: tests), not TF32."""
+    float32). IEEE: float32 products in full precision (float32 weights: tests), not TF32. L2_PF as in the row-block
+    kernel (the whole slab)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -231,6 +250,8 @@ def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, str
     g_rows = G + offs_m[:, None].to(tl.int64) * stride_gm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     if PDL:  # x and the residual are the previous kernel's output
+        if L2_PF > 0:
+            _prefetch_slab(W, offs_n, N, K, stride_wn, 0, L2_PF, BLOCK_K)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([M_PAD], dtype=tl.float32)
@@ -269,11 +290,17 @@ def _prologue_rows_kernel(X, NW, G, Y, M, K, stride_xm, stride_gm, stride_ym, ep
     tl.store(Y + rows[:, None] * stride_ym + offs_k[None, :], xv, mask=mask_m[:, None] & (offs_k[None, :] < K))
 
 
+def _l2_line(weight: torch.Tensor, pdl: bool) -> int:
+    """The kernels' L2_PF: W's elements per L2 line when the slab prefetch runs (PDL and ``L2_PREFETCH``), else 0."""
+    return line_elements(weight.element_size()) if pdl and L2_PREFETCH else 0
+
+
 def _launch_dot(x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, has_res, pdl):
     _fused_gemv_dot_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
         y.stride(0), float(eps), PROLOGUE=prologue, GROUP=group, HAS_RES=has_res,
-        M_PAD=max(16, triton.next_power_of_2(M)), PDL=pdl, IEEE=weight.dtype == torch.float32, launch_pdl=pdl)
+        M_PAD=max(16, triton.next_power_of_2(M)), PDL=pdl, L2_PF=_l2_line(weight, pdl),
+        IEEE=weight.dtype == torch.float32, launch_pdl=pdl)
 
 
 def _rows_gemv(form, x2, weight, nw, g2, r2, y, M, N, K, eps, prologue, group, has_res, pdl, glu, norm_weight,
@@ -412,7 +439,7 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.
     args = (x2, weight, nw, g2, r2, y, M, N, K, x2.stride(0), weight.stride(0), g2.stride(0), r2.stride(0),
             y.stride(0), float(eps))
     meta = {"PROLOGUE": prologue, "GROUP": group, "HAS_RES": residual is not None, "M_PAD": m_pad,
-            "ONE_PASS": ONE_PASS_NORM, "PDL": pdl, "launch_pdl": pdl}
+            "ONE_PASS": ONE_PASS_NORM, "PDL": pdl, "L2_PF": _l2_line(weight, pdl), "launch_pdl": pdl}
     cfg = _tuned(x.device, (N, K, m_pad, prologue, group, residual is not None)) if not ONE_PASS_NORM else None
     if cfg is not None:  # tuned in the decode step (hylo_bench.kernels.gemv.tuned): launch it, no autotuning
         _fused_gemv_kernel.fn[(triton.cdiv(N, cfg["BLOCK_N"]),)](

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hylo_bench.kernels.l2_prefetch import line_elements, prefetch_l2
+from hylo_bench.kernels.pdl import use_pdl
 from hylo_bench.kernels.tuning import fastest
 
 # split granularity in tokens; the kernel's own tile (tuned, SPLIT_CONFIGS) may be larger, masks cover the rest
@@ -30,6 +32,9 @@ TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
 # 18 -> 25 us per layer
 # (H200: 58.4 % of the bandwidth bound at 64K instead of 60.1 %; benchmarks/results/decode_profile_glue.json and
 # decode_profile_64k_tuned_at_64k.json).
+# With PDL the split kernel asks L2 for its share of the cache rows before waiting for the prep kernel
+# (hylo_bench.kernels.l2_prefetch). False: off (benchmarks compare).
+L2_PREFETCH = True
 SPLIT_CONFIGS = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))
 _BEST_SPLIT: dict[tuple, tuple[int, int, int]] = {}
 
@@ -39,14 +44,31 @@ def _mla_decode_split_kernel(
     Q_lat, Q_rope, Cache, KScale, Lengths, Acc, M, L,
     stride_qlb, stride_qlh, stride_qrb, stride_qrh, stride_cb, stride_ct, stride_kb, stride_kt,
     stride_ab, stride_as, stride_ah, stride_mb, stride_ms,
-    sm_scale, tokens_per_split,
+    sm_scale, tokens_per_split, capacity,
     H: tl.constexpr, R: tl.constexpr, P: tl.constexpr, REP: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    PDL: tl.constexpr, L2_PF: tl.constexpr,
 ):
+    """One (sequence b, split) program (module docstring). PDL: launched with programmatic dependent launch; the
+    queries, lengths and the new token's row are the previous kernel's (the prep kernel's) output, read after
+    ``gdc_wait``. L2_PF (with PDL; 0: off): cache elements per L2 line; before the wait the program asks L2 for its
+    split's rows up to the length it reads without waiting (this step's or the last one's, or stale memory: only a
+    hint, clamped to the cache's ``capacity`` rows)."""
     b = tl.program_id(0)
     split = tl.program_id(1)
-    length = tl.load(Lengths + b).to(tl.int32)
     start = split * tokens_per_split
+    if PDL:
+        if L2_PF > 0:
+            hint = tl.load(Lengths + b, cache_modifier=".cg")  # .cg: no L1 copy to go stale
+            stop = tl.minimum(tl.minimum(start + tokens_per_split, capacity).to(tl.int64), hint) * stride_ct
+            first = start.to(tl.int64) * stride_ct
+            offs_l = tl.arange(0, 256) * L2_PF
+            base = Cache + b.to(tl.int64) * stride_cb
+            for e0 in range(first, stop, 256 * L2_PF):
+                prefetch_l2(base + tl.minimum(e0 + offs_l, stop - 1))
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    length = tl.load(Lengths + b).to(tl.int32)
     end = tl.minimum(start + tokens_per_split, length)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -92,11 +114,16 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _mla_decode_combine_kernel(Acc, M, L, Out, n_splits, stride_ab, stride_as, stride_ah, stride_mb, stride_ms,
-                               stride_ob, stride_oh, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+                               stride_ob, stride_oh, R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+                               PDL: tl.constexpr):
     """Log-sum-exp merge of all splits of one (sequence, head, BLOCK_R slice of R), vectorised over the splits:
-    out = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max_s m_s) (0 for empty splits, m = -inf)."""
+    out = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max_s m_s) (0 for empty splits, m = -inf).
+    PDL: launched with programmatic dependent launch (everything it reads is the split kernel's output)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < n_splits
     m = tl.load(M + b * stride_mb + offs_s * stride_ms + h, mask=mask_s, other=float("-inf"))
@@ -143,6 +170,8 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
     if key_scale is not None and key_scale.stride(-1) != 1:
         ks = key_scale = key_scale.contiguous()
     rep = H // key_scale.shape[-1] if key_scale is not None else 1
+    pdl = use_pdl(cache.device)
+    l2_pf = line_elements(cache.element_size()) if pdl and L2_PREFETCH else 0
 
     def launch(cfg, lengths, acc, m, lsum):
         bn, warps, stages = cfg
@@ -150,10 +179,11 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
             q_lat, q_rope, cache, ks, lengths, acc, m, lsum,
             q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), cache.stride(0), cache.stride(1),
             ks.stride(0), ks.stride(1), acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
-            float(scale), per,
+            float(scale), per, T,
             H=H, R=R, P=P, REP=rep, HAS_SCALE=key_scale is not None,
             BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_R=max(16, triton.next_power_of_2(R)),
-            BLOCK_P=max(16, triton.next_power_of_2(P)), BLOCK_N=bn, num_warps=warps, num_stages=stages,
+            BLOCK_P=max(16, triton.next_power_of_2(P)), BLOCK_N=bn, PDL=pdl, L2_PF=l2_pf, num_warps=warps,
+            num_stages=stages, launch_pdl=pdl,
         )
 
     key = (B, T, H, R, P, key_scale is not None, cache.dtype)
@@ -167,5 +197,5 @@ def mla_decode_triton(q_lat: torch.Tensor, q_rope: torch.Tensor, cache: torch.Te
     _mla_decode_combine_kernel[(B, H, triton.cdiv(R, block_r))](
         acc, m, lsum, out, splits, acc.stride(0), acc.stride(1), acc.stride(2), m.stride(0), m.stride(1),
         out.stride(0), out.stride(1), R=R, BLOCK_S=max(16, triton.next_power_of_2(splits)), BLOCK_R=block_r,
-        num_warps=4)
+        PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
