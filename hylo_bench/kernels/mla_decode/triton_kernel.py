@@ -59,7 +59,8 @@ def _mla_decode_split_kernel(
     start = split * tokens_per_split
     if PDL:
         if L2_PF > 0:
-            hint = tl.load(Lengths + b, cache_modifier=".cg")  # .cg: no L1 copy to go stale
+            # .cg: no L1 copy to go stale. Clamped to [0, capacity] before scaling: stale memory can hold any int64
+            hint = tl.maximum(tl.load(Lengths + b, cache_modifier=".cg").to(tl.int64), 0)
             stop = tl.minimum(tl.minimum(start + tokens_per_split, capacity).to(tl.int64), hint) * stride_ct
             first = start.to(tl.int64) * stride_ct
             offs_l = tl.arange(0, 256) * L2_PF
