@@ -207,7 +207,7 @@ def main() -> None:
                          "main loop (default: a first pass); +kernel=persistent|persistent_tma: the fused GEMV's "
                          "persistent kernel (default: rowblock); +nopdl: the GEMV and pre-step kernels without "
                          "programmatic dependent launch; +l2pf=gemv.mla|gemv|mla|none: which kernels ask L2 for "
-                         "their weights / cache rows before the PDL wait (default gemv.mla); "
+                         "their weights / cache rows before the PDL wait (default none); "
                          "+gdn=fla|triton|torch: the GDN decode back end (default "
                          "auto: the one-kernel "
                          "token on CUDA). Without suffixes: gemv and pre-step on torch")
@@ -251,7 +251,7 @@ def main() -> None:
         gemv, fused, prestep, one_pass, kernel, pdl = "torch", DEFAULT_FUSED_GEMVS, "torch", False, "rowblock", "auto"
         rows_kernel = "dot"
         gdn = "auto"
-        l2pf = ("gemv", "mla")
+        l2pf: tuple[str, ...] = ()
         for extra in extras:
             if extra.startswith("gemv"):
                 gemv = "triton"

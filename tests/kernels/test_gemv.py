@@ -279,6 +279,32 @@ def test_rowblock_prefetch_levels_on_cuda_bf16(prefetch, M, N, K, block_k, mode,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("M,N,K,block_k,form", [(1, 2048, 6144, 1024, "rowblock"), (3, 130, 300, 128, "rowblock"),
+                                                 (8, 2048, 2048, 128, "dot"), (5, 130, 300, 256, "dot")])
+@pytest.mark.parametrize("mode", ["norm", "glu+res"])
+def test_l2_slab_prefetch_on_cuda_bf16(M, N, K, block_k, form, mode, monkeypatch):
+    """``L2_PREFETCH`` (the slab requested from L2 before the PDL wait) is a hint: the row-block and tensor-core
+    kernels still match the reference, with ragged N and K (the prefetch clamps its pointers into W)."""
+    triton = pytest.importorskip("triton")
+    from hylo_bench.kernels.gemv import triton_kernel as tk
+    from hylo_bench.kernels.pdl import use_pdl
+
+    if not use_pdl(torch.device("cuda")):
+        pytest.skip("the prefetch runs only with programmatic dependent launch (compute capability >= 9)")
+    monkeypatch.setattr(tk, "L2_PREFETCH", True)
+    monkeypatch.setattr(tk, "ROWS_KERNEL", form)
+    monkeypatch.setattr(tk, "USE_TUNED", False)
+    monkeypatch.setattr(tk._fused_gemv_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 4, "BLOCK_K": block_k, "PREFETCH": 1}, num_warps=4)])
+    monkeypatch.setattr(tk._fused_gemv_kernel, "cache", {})
+    monkeypatch.setattr(tk._fused_gemv_dot_kernel, "configs",
+                        [triton.Config({"BLOCK_N": 16, "BLOCK_K": block_k, "STAGES": 3}, num_warps=4)])
+    monkeypatch.setattr(tk._fused_gemv_dot_kernel, "cache", {})
+    _check_triton(M, N, K, mode, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_tuned_table_entry_is_launched_and_matches_reference(prefetch, tmp_path, monkeypatch):
     """A table for this device (tuned/<device name>.json) with the shape: the kernel runs the table's config, not

@@ -77,3 +77,43 @@ def test_triton_matches_reference_bf16(B, H, T, R, P, G, use_scale):
     got = mla_decode(q_lat, q_rope, cache, lengths, scale=R ** -0.5, key_scale=ks_arg, backend="triton")
     want = mla_decode_reference(q_lat, q_rope, cache, lengths, R ** -0.5, ks_arg)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_l2_prefetch_matches_reference_and_survives_a_garbage_length():
+    """With ``L2_PREFETCH`` the split kernel reads the length before the PDL wait as a prefetch hint. Inside a
+    CUDA graph that buffer can hold stale memory, so the hint is clamped: a length whose product with the row stride
+    overflows int64 (a 2**63-sized prefetch loop before the clamp: the GPU hung) must end, and the other row must
+    still match the reference. Run in a subprocess so that a hang fails the test instead of stopping the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        from hylo_bench.kernels.mla_decode import mla_decode_reference
+        from hylo_bench.kernels.mla_decode import triton_kernel as tk
+        from hylo_bench.kernels.pdl import use_pdl
+        assert use_pdl(torch.device("cuda")), "needs PDL"
+        tk.L2_PREFETCH = True
+        torch.manual_seed(0)
+        B, H, T, R, P = 2, 16, 20_000, 256, 64
+        q_lat, q_rope = torch.randn(B, H, R, device="cuda"), torch.randn(B, H, P, device="cuda")
+        cache = torch.randn(B, T, R + P, device="cuda").bfloat16()
+        # row 0: times the row stride, wraps to about +2**63; its low 32 bits (the kernel's length) are negative
+        lengths = torch.tensor([-(2 ** 63 // (R + P)) - 7, 12_345], device="cuda")
+        got = tk.mla_decode_triton(q_lat.bfloat16(), q_rope.bfloat16(), cache, lengths, R ** -0.5)
+        torch.cuda.synchronize()
+        want = mla_decode_reference(q_lat.bfloat16(), q_rope.bfloat16(), cache, lengths.clamp(min=1), R ** -0.5)
+        err = ((got[1] - want[1]).norm() / want[1].norm()).item()
+        assert err < 1e-2, err
+        print("ok")
+    """)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the split kernel did not end with a garbage length and L2_PREFETCH on")
+    if "needs PDL" in done.stderr:
+        pytest.skip("the prefetch runs only with programmatic dependent launch (compute capability >= 9)")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

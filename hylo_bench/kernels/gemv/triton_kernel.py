@@ -50,9 +50,10 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": pf}, num_wa
                               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4))
             for pf in (0, 1, 2)]
 KERNEL = "rowblock"  # or "persistent" / "persistent_tma": the second kernel (module docstring)
-# With PDL, the row-block and tensor-core kernels ask L2 for the rest of their W slab before waiting for the previous
-# kernel (hylo_bench.kernels.l2_prefetch). False: off (benchmarks compare).
-L2_PREFETCH = True
+# True: with PDL, the row-block and tensor-core kernels ask L2 for the rest of their W slab before waiting for the
+# previous kernel (hylo_bench.kernels.l2_prefetch). Off: with it (and the MLA split kernel's) on, the 64K batch-1
+# decode step was slower on an H100 (benchmarks/results/decode_l2_prefetch_h100.json).
+L2_PREFETCH = False
 
 KERNELS = ("rowblock", "persistent", "persistent_tma")
 ROWS_KERNEL = "dot"  # 2..MAX_ROWS rows (module docstring); "rowblock": KERNEL's form for every M
@@ -136,7 +137,7 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
         w_next2 = tl.load(w_rows + offs_k1[None, :], mask=mask_n[:, None] & (offs_k1[None, :] < K), other=0.0)
     if PDL:  # everything below reads the previous kernel's output (x, residual) or writes ours
         if L2_PF > 0:
-            _prefetch_slab(W, offs_n, N, K, stride_wn, BLOCK_K, L2_PF, BLOCK_K)
+            _prefetch_slab(W, offs_n, N, K, stride_wn, BLOCK_K, L2_PF)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     ss = tl.zeros([M_PAD], dtype=tl.float32)
@@ -180,12 +181,12 @@ def _fused_gemv_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, stride_
 
 
 @triton.jit
-def _prefetch_slab(W, offs_n, N, K, stride_wn, k_start, LINE: tl.constexpr, BLOCK_K: tl.constexpr):
+def _prefetch_slab(W, offs_n, N, K, stride_wn, k_start, LINE: tl.constexpr):
     """Ask L2 for rows offs_n (clamped to N - 1) of W [N, K], columns k_start..K - 1, one request per LINE
-    elements, BLOCK_K columns per iteration (:func:`hylo_bench.kernels.l2_prefetch.prefetch_l2`)."""
+    elements, 16 lines of each row per iteration (:func:`hylo_bench.kernels.l2_prefetch.prefetch_l2`)."""
     rows = W + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
-    offs_l = tl.arange(0, BLOCK_K // LINE) * LINE
-    for k0 in range(k_start, K, BLOCK_K):
+    offs_l = tl.arange(0, 16) * LINE
+    for k0 in range(k_start, K, 16 * LINE):
         prefetch_l2(rows + tl.minimum(k0 + offs_l, K - 1)[None, :])
 
 
@@ -251,7 +252,7 @@ def _fused_gemv_dot_kernel(X, W, NW, G, R, Y, M, N, K, stride_xm, stride_wn, str
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     if PDL:  # x and the residual are the previous kernel's output
         if L2_PF > 0:
-            _prefetch_slab(W, offs_n, N, K, stride_wn, 0, L2_PF, BLOCK_K)
+            _prefetch_slab(W, offs_n, N, K, stride_wn, 0, L2_PF)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([M_PAD], dtype=tl.float32)

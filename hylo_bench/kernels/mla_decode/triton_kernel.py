@@ -32,9 +32,9 @@ TARGET_PROGRAMS = 264  # about two waves on an H200 (132 SMs)
 # 18 -> 25 us per layer
 # (H200: 58.4 % of the bandwidth bound at 64K instead of 60.1 %; benchmarks/results/decode_profile_glue.json and
 # decode_profile_64k_tuned_at_64k.json).
-# With PDL the split kernel asks L2 for its share of the cache rows before waiting for the prep kernel
-# (hylo_bench.kernels.l2_prefetch). False: off (benchmarks compare).
-L2_PREFETCH = True
+# True: with PDL the split kernel asks L2 for its share of the cache rows before waiting for the prep kernel
+# (hylo_bench.kernels.l2_prefetch). Off: see gemv.triton_kernel.L2_PREFETCH.
+L2_PREFETCH = False
 SPLIT_CONFIGS = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))
 _BEST_SPLIT: dict[tuple, tuple[int, int, int]] = {}
 
