@@ -263,7 +263,9 @@ def main() -> None:
             elif extra == "nopdl":  # the row-block GEMV without programmatic dependent launch
                 pdl = False
             elif extra.startswith("l2pf="):  # the L2 prefetch before the PDL wait (hylo_bench.kernels.l2_prefetch)
-                l2pf = tuple(x for x in extra.partition("=")[2].split(".") if x in ("gemv", "mla"))
+                l2pf = tuple(x for x in extra.partition("=")[2].split(".") if x != "none")
+                if not set(l2pf) <= {"gemv", "mla"}:
+                    raise SystemExit(f"+{extra} in {variant!r}: expected gemv, mla, gemv.mla or none")
             elif extra.startswith("gdn="):  # the GDN decode back end (LinearServing)
                 gdn = extra.partition("=")[2]
             elif extra.startswith("kernel="):  # the fused GEMV's kernel (triton_kernel.KERNELS)
