@@ -19,7 +19,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
@@ -274,13 +274,31 @@ class PromptEncoder:
             self._local.tokenizer = copies.pop()
 
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ruler-encode", initializer=take_copy)
+        self._ahead: dict[str, Future] = {}
 
     def submit(self, prompt: str) -> Future:
-        """A future of the prompt's token ids (list[int])."""
+        """A future of the prompt's token ids (list[int]); the one :meth:`prefetch` started, when it did."""
+        ahead = self._ahead.pop(prompt, None)
+        if ahead is not None:
+            return ahead
         return self._pool.submit(lambda: encode_prompt(self._local.tokenizer, prompt, self.chat_template))
+
+    def prefetch(self, prompts: Sequence[str]) -> None:
+        """Start encoding ``prompts`` now, queued behind the work already submitted, for a later :meth:`submit`.
+
+        Prompts of the previous prefetch that no call has taken (their samples had predictions already) are
+        dropped first, so at most one prefetch's token ids are held."""
+        for fut in self._ahead.values():
+            fut.cancel()
+        self._ahead = {}
+        for prompt in prompts:
+            if prompt not in self._ahead:
+                self._ahead[prompt] = self._pool.submit(
+                    lambda p=prompt: encode_prompt(self._local.tokenizer, p, self.chat_template))
 
     def close(self) -> None:
         """Stop the workers; prompts not yet started are dropped."""
+        self._ahead = {}
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> PromptEncoder:
@@ -293,6 +311,7 @@ class PromptEncoder:
 def _predict(
     decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
     on_batch: Callable[[list[dict], list[str]], None], encoder: PromptEncoder | None = None,
+    lookahead: Sequence[str] = (),
 ) -> None:
     """Decode ``samples`` in batches of ``cfg.batch_size`` (times the decoder's ``requests_per_call``, when it has
     one: a continuous-batching decoder keeps its slots full over several prompts per slot); ``on_batch(batch,
@@ -300,7 +319,10 @@ def _predict(
 
     The prompts of this batch and the next are tokenised on ``encoder``'s worker threads (a one-thread
     :class:`PromptEncoder` of ``tokenizer`` for this call when None), so the next batch's prompts are ready when
-    this one has decoded; only the first batch waits for its own prompts.
+    this one has decoded; only the first batch waits for its own prompts, and not even that when an earlier call
+    passed them as its ``lookahead``: prompts of the next call (the next task or length) that ``encoder`` starts
+    encoding (:meth:`PromptEncoder.prefetch`) once this call's first prompts are queued, so the GPU does not idle
+    between tasks while they are tokenised.
 
     A batch that runs out of GPU memory is retried at half the batch size (and the rest of the samples keep the
     smaller size), down to one sample; the out-of-memory error of a single sample is raised. On any error the
@@ -317,6 +339,9 @@ def _predict(
                 encoded[i] = enc.submit(samples[i]["prompt"])
 
     try:
+        ensure(0, 2 * size)
+        if lookahead:
+            enc.prefetch(lookahead)  # queued behind this call's first prompts
         while start < len(samples):
             batch = samples[start : start + size]
             ensure(start, start + 2 * size)  # this batch, and the next one while this one decodes
@@ -574,13 +599,13 @@ SINGLE = Shard(rank=0, world_size=1, barrier=lambda: None)
 
 def _task_predictions(
     decode: Decoder, tokenizer: Any, samples: list[dict], task: str, path: Path, cfg: RulerConfig, shard: Shard,
-    advance: Callable[[int], None], encoder: PromptEncoder | None = None,
+    advance: Callable[[int], None], encoder: PromptEncoder | None = None, lookahead: Sequence[str] = (),
 ) -> list[str] | None:
     """Predictions for ``samples`` in index order (rank 0; None on other ranks).
 
     Rank 0 first merges the stored predictions (``cfg.resume``) or deletes them; then every rank decodes its share
     of the missing samples, appending to its shard file after every batch; after a barrier rank 0 merges the
-    shards into ``path``.
+    shards into ``path``. ``lookahead``: as :func:`_predict`'s.
     """
     if shard.rank == 0:
         if cfg.resume:
@@ -599,7 +624,7 @@ def _task_predictions(
         advance(len(batch))
 
     todo = [s for s in samples if s["index"] not in done][shard.rank :: shard.world_size]
-    _predict(decode, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch, encoder)
+    _predict(decode, tokenizer, todo, cfg, get_task(task).max_gen_toks, on_batch, encoder, lookahead)
     shard.barrier()
     if shard.rank != 0:
         return None
@@ -683,37 +708,51 @@ def evaluate_model(
     decode = make_decoder(model, tokenizer, cfg.engine, cfg.batch_size, cfg.prefill_chunk, cfg.prefix_sharing)
     scores: dict[str, dict[str, float]] = {}
     encoder = PromptEncoder(tokenizer, cfg.chat_template, encode_workers())
+    plan = [(length, task) for length in cfg.lengths for task in cfg.tasks]
+    first_call = cfg.batch_size * getattr(decode, "requests_per_call", 1)  # prompts _predict's first batch takes
     with _progress(console, disable=not lead) as progress, encoder:
-        bar = progress.add_task("ruler", total=len(cfg.lengths) * len(cfg.tasks) * cfg.samples)
-        for length in cfg.lengths:
-            for task in cfg.tasks:
-                progress.update(bar, description=f"{task} @ {length}")
+        bar = progress.add_task("ruler", total=len(plan) * cfg.samples)
+        loaded: dict[int, list[dict]] = {}
+
+        def samples_of(j: int) -> list[dict]:
+            if j not in loaded:
+                length, task = plan[j]
                 gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
-                samples = _samples(task, length, tokenizer, cfg, haystack_text, tok_hash, shard,
-                                   lambda b=gen_bar: progress.advance(b))
+                loaded[j] = _samples(task, length, tokenizer, cfg, haystack_text, tok_hash, shard,
+                                     lambda b=gen_bar: progress.advance(b))
                 progress.remove_task(gen_bar)
-                data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
-                pred_path = pred_store.predictions_path(
-                    results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
-                    dtype=param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
-                    flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
-                )
-                preds = _task_predictions(decode, tokenizer, samples, task, pred_path, cfg, shard,
-                                          lambda k: progress.advance(bar, k), encoder)
-                if not lead:
-                    continue
-                record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
-                doc["records"].append(record)
-                doc["mean"] = length_means(doc["records"])
-                doc.update(weighted_averages(doc["mean"]))
-                if len(doc["records"]) == len(doc["planned"]):
-                    doc["status"] = "complete"
-                atomic_write_json(path, doc)
-                fault_point("ruler:results_written")
-                if on_result is not None:
-                    on_result(doc, path)
-                fault_point("ruler:stored")
-                scores.setdefault(task, {})[str(length)] = record["score"]
+            return loaded[j]
+
+        for j, (length, task) in enumerate(plan):
+            progress.update(bar, description=f"{task} @ {length}")
+            samples = samples_of(j)
+            # the next (task, length)'s first prompts are tokenised while this one decodes (every rank loads the
+            # next samples here, in the same order, so the sample cache's barrier still pairs up)
+            lookahead = ([s["prompt"] for s in samples_of(j + 1)[shard.rank :: shard.world_size][:first_call]]
+                         if j + 1 < len(plan) else [])
+            loaded.pop(j)
+            data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
+            pred_path = pred_store.predictions_path(
+                results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
+                dtype=param_dtype(model), tok_hash=tok_hash, data_hash=data_hash, seed=cfg.seed,
+                flavor=cfg.flavor, chat_template=cfg.chat_template, max_gen_toks=get_task(task).max_gen_toks,
+            )
+            preds = _task_predictions(decode, tokenizer, samples, task, pred_path, cfg, shard,
+                                      lambda k: progress.advance(bar, k), encoder, lookahead)
+            if not lead:
+                continue
+            record = _record(task, length, cfg.seed, samples, preds, cfg.strip_think, cfg.flavor)
+            doc["records"].append(record)
+            doc["mean"] = length_means(doc["records"])
+            doc.update(weighted_averages(doc["mean"]))
+            if len(doc["records"]) == len(doc["planned"]):
+                doc["status"] = "complete"
+            atomic_write_json(path, doc)
+            fault_point("ruler:results_written")
+            if on_result is not None:
+                on_result(doc, path)
+            fault_point("ruler:stored")
+            scores.setdefault(task, {})[str(length)] = record["score"]
     if not lead:
         return None
     stats = getattr(decode, "stats", None)  # the native engine's continuous batching (batch size > 1)
