@@ -97,10 +97,12 @@ def test_upcycle_killed_anywhere_resumes_to_the_uninterrupted_result(forkserver,
 
 
 RULER_KILLS = [
+    # writing the sample cache of the second (task, length): loaded before the first one decodes, so that its first
+    # prompts are tokenised meanwhile
+    ("replace:niah_single_2-1024-nvidia-tok*", 1),
     ("ruler:predictions_appended", 2),  # niah_single_1 @ 1024: samples 0, 1 predicted
     ("replace:niah_single_1-1024-nvidia-model*", 1),  # --resume merging that predictions file, cut before rename
     ("ruler:results_written", 1),  # the first (task, length) scored and written, not yet in the store
-    ("replace:niah_single_2-1024-nvidia-tok*", 1),  # writing the sample cache of the second (task, length)
     ("ruler:predictions_appended", 4),  # the first sample of niah_single_1 @ 2048 appended
     ("ruler:stored", 3),  # three (task, length) pairs scored and stored
 ]
