@@ -43,7 +43,7 @@ def _inputs(T: int, seed: int = 0) -> dict:
         return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
 
     q, k, v = rnd(1, T, H, K), rnd(1, T, H, K), rnd(1, T, H, V)
-    # log decay of a trained layer's order: -softplus(.) * exp(A_log) with A in [1, 16]
+    # log decay per token in (-inf, 0): the module's -exp(A_log) * softplus(a + dt_bias), here with exp(A_log) = 0.5
     g = -torch.nn.functional.softplus(rnd(1, T, H, dtype=torch.float32)) * 0.5
     beta = torch.sigmoid(rnd(1, T, H, dtype=torch.float32)).to(torch.bfloat16)
     h0 = rnd(1, H, K, V, dtype=torch.float32) * 0.1

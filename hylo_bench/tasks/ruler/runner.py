@@ -712,25 +712,22 @@ def evaluate_model(
     first_call = cfg.batch_size * getattr(decode, "requests_per_call", 1)  # prompts _predict's first batch takes
     with _progress(console, disable=not lead) as progress, encoder:
         bar = progress.add_task("ruler", total=len(plan) * cfg.samples)
-        loaded: dict[int, list[dict]] = {}
 
-        def samples_of(j: int) -> list[dict]:
-            if j not in loaded:
-                length, task = plan[j]
-                gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
-                loaded[j] = _samples(task, length, tokenizer, cfg, haystack_text, tok_hash, shard,
-                                     lambda b=gen_bar: progress.advance(b))
-                progress.remove_task(gen_bar)
-            return loaded[j]
+        def load(length: int, task: str) -> list[dict]:
+            gen_bar = progress.add_task(f"  samples {task} @ {length}", total=cfg.samples)
+            samples = _samples(task, length, tokenizer, cfg, haystack_text, tok_hash, shard,
+                               lambda: progress.advance(gen_bar))
+            progress.remove_task(gen_bar)
+            return samples
 
+        upcoming = load(*plan[0]) if plan else []
         for j, (length, task) in enumerate(plan):
             progress.update(bar, description=f"{task} @ {length}")
-            samples = samples_of(j)
+            samples = upcoming
             # the next (task, length)'s first prompts are tokenised while this one decodes (every rank loads the
             # next samples here, in the same order, so the sample cache's barrier still pairs up)
-            lookahead = ([s["prompt"] for s in samples_of(j + 1)[shard.rank :: shard.world_size][:first_call]]
-                         if j + 1 < len(plan) else [])
-            loaded.pop(j)
+            upcoming = load(*plan[j + 1]) if j + 1 < len(plan) else []
+            lookahead = [s["prompt"] for s in upcoming[shard.rank :: shard.world_size][:first_call]]
             data_hash = load_qa(task, cfg.qa_path(task)).sha256 if task in QA_SOURCES else text_hash(haystack_text)
             pred_path = pred_store.predictions_path(
                 results_dir, task=task, length_tokens=length, model_hash=str(model_info["hash"]),
