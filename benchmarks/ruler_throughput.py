@@ -74,6 +74,7 @@ def build_hybrid():
 
 def main() -> None:
     from hylo_bench.config.units import parse_length
+    from hylo_bench.decode import greedy
     from hylo_bench.decode.greedy import PREFILL_CHUNK_TOKENS, resolve_engine
     from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.models.loading import load_tokenizer
@@ -97,6 +98,9 @@ def main() -> None:
     ap.add_argument("--prefix-sharing", default="on",
                     help="ruler --prefix-sharing for the hybrid: on, off or on,off (one point each; 'on' passes "
                     "nothing, so a checkout without the option runs too)")
+    ap.add_argument("--prefill-streams", default="",
+                    help="prompts the hybrid's continuous batching prefills at once (hylo_bench.decode.greedy."
+                    "PREFILL_STREAMS), comma-separated, one point each ('' = the library's default)")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
@@ -127,9 +131,10 @@ def main() -> None:
         hybrid = info["kind"] == "hylo"
         sharing = args.prefix_sharing.split(",") if hybrid else ["on"]
         # repeats outermost: an A/B's variants alternate after the first point has paid the one-time costs
-        points = [(e, n, c, sh, r) for r in range(args.repeat) for e in engines for n in lengths
-                  for c in (chunks if hybrid else [None]) for sh in sharing]
-        for engine, length, chunk, share, repeat in points:
+        streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
+        points = [(e, n, c, sh, st, r) for r in range(args.repeat) for e in engines for n in lengths
+                  for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])]
+        for engine, length, chunk, share, n_streams, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": args.batch_size,
@@ -139,6 +144,8 @@ def main() -> None:
             extra = {} if chunk is None else {"prefill_chunk": chunk}  # (a checkout without the option: default)
             if share == "off":
                 extra["prefix_sharing"] = False
+            if n_streams is not None:
+                greedy.PREFILL_STREAMS = n_streams
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
@@ -148,7 +155,8 @@ def main() -> None:
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
                    "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine),
                    "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
-                   "prefix_sharing": share if hybrid else None}
+                   "prefix_sharing": share if hybrid else None,
+                   "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

@@ -51,7 +51,8 @@ class Request:
 class BatchStats:
     """What one :func:`continuous_generate` call did. Times in seconds (wall clock; every step ends with the
     tokens read back to the host, which synchronises the device). ``prefill_tokens`` counts every prompt token,
-    ``prefix_reused_tokens`` those taken from a shared prefix instead of prefilled."""
+    ``prefix_reused_tokens`` those taken from a shared prefix instead of prefilled. Prompts prefilled together
+    (``prefill_streams`` > 1) each count their group's wall time divided by its size in ``prefill_times_s``."""
 
     batch_size: int
     requests: int = 0
@@ -157,7 +158,8 @@ def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPl
 
 
 def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] | frozenset[int] = frozenset(),
-                        stats: BatchStats | None = None, share_prefixes: bool = True) -> list[list[int]]:
+                        stats: BatchStats | None = None, share_prefixes: bool = True,
+                        prefill_streams: int = 1) -> list[list[int]]:
     """Greedy generation of every request through ``engine``'s ``max_batch`` slots with continuous batching.
 
     Args:
@@ -169,6 +171,9 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
         stats: filled in place when given.
         share_prefixes: prefill whole chunks that a prompt shares with the one served before it only once (module
             docstring); the tokens are the same either way.
+        prefill_streams: when several slots are free, prefill up to this many of their requests at once
+            (``Engine.prefill_rows_shared``: one CUDA stream each, chunks interleaved); a prompt that shares a
+            prefix starts a new group (it needs its predecessor's prefill). The tokens are the same for any value.
 
     Returns:
         Per request (in input order) its generated token ids before the first stop token, as
@@ -176,8 +181,12 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
 
     Raises:
         ValueError: an engine without per-row prefill (``TransformerEngine``), an empty prompt, ``max_new_tokens`` < 1,
-            or a request beyond the engine's ``max_context`` (checked for all requests before any work).
+            a request beyond the engine's ``max_context`` (checked for all requests before any work), or
+            ``prefill_streams`` < 1.
     """
+    if prefill_streams < 1:
+        raise ValueError(f"prefill_streams must be >= 1, got {prefill_streams}")
+    streams = prefill_streams
     if not hasattr(engine, "prefill_row_shared"):
         raise ValueError(f"continuous batching needs the HyLo Engine (per-row prefill); got {type(engine).__name__}")
     for k, req in enumerate(requests):
@@ -203,43 +212,54 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     slot_out: list[list[int]] = [[] for _ in range(B)]
     tok_host, pos_host = [0] * B, [0] * B
 
-    def admit(b: int) -> None:
-        """Fill slot b with the next request that does not finish at its first token; else leave it idle."""
+    def admit(free: list[int]) -> None:
+        """Fill the free slots (ascending) with the next requests that do not finish at their first token, up to
+        ``prefill_streams`` prefills at a time; slots left over stay idle."""
         nonlocal last_row
-        while queue:
-            k, r = queue.popleft()
-            req = requests[r]
+        free = list(free)
+        while free and queue:
+            group: list[tuple[int, int]] = []  # (position in the plan, request)
+            while queue and len(group) < min(streams, len(free)):
+                k, r = queue[0]
+                if group and plan.shared[k]:  # its shared latent rows come from the previous prompt's prefill
+                    break
+                group.append(queue.popleft())
             t0 = time.perf_counter()
-            ids = torch.tensor([list(req.ids)], dtype=torch.long)
             # the previous prefill's row holds the shared latent rows: rows before a prompt's end never change while
-            # it decodes, and no other prefill came since
-            n = plan.shared[k]
-            reuse = dataclasses.replace(kept[n], row=last_row) if n else None
-            logits, new = engine.prefill_row_shared(b, ids, reuse, plan.keep[k])
-            uses[n] -= 1
-            for length in [length for length in kept if length > n]:  # no later prompt shares that much
-                del kept[length]
-            kept.update(new)
-            for length in [length for length in kept if uses[length] <= 0]:
-                del kept[length]
-            stats.prefix_reused_tokens += n
-            last_row = b
-            token = int(logits.argmax(-1)[0].item())
-            stats.prefill_times_s.append(time.perf_counter() - t0)
-            stats.prefill_s += stats.prefill_times_s[-1]
-            stats.prefills += 1
-            stats.prefill_tokens += len(req.ids)
-            out: list[int] = []
-            if _accept(req, out, token, stop_ids):
-                results[r] = out
-                stats.generated_tokens += len(out)
-                continue
-            slot_req[b], slot_out[b], tok_host[b], pos_host[b] = r, out, token, len(req.ids)
-            return
-        slot_req[b], tok_host[b], pos_host[b] = None, 0, 0
+            # it decodes, and no other prefill came since (only a group's first prompt may share)
+            jobs = []
+            for b, (k, r) in zip(free, group):
+                n = plan.shared[k]
+                jobs.append((b, torch.tensor([list(requests[r].ids)], dtype=torch.long),
+                             dataclasses.replace(kept[n], row=last_row) if n else None, plan.keep[k]))
+            done = engine.prefill_rows_shared(jobs) if len(jobs) > 1 else [engine.prefill_row_shared(*jobs[0])]
+            tokens = [int(t) for t in torch.cat([logits.argmax(-1) for logits, _ in done]).tolist()]
+            dt = (time.perf_counter() - t0) / len(jobs)  # a group's prompts share its wall time evenly
+            for (b, ids, _, _), (k, r), (_, new), token in zip(jobs, group, done, tokens):
+                n = plan.shared[k]
+                uses[n] -= 1
+                for length in [length for length in kept if length > n]:  # no later prompt shares that much
+                    del kept[length]
+                kept.update(new)
+                for length in [length for length in kept if uses[length] <= 0]:
+                    del kept[length]
+                stats.prefix_reused_tokens += n
+                last_row = b
+                stats.prefill_times_s.append(dt)
+                stats.prefill_s += dt
+                stats.prefills += 1
+                stats.prefill_tokens += ids.shape[1]
+                req, out = requests[r], []
+                if _accept(req, out, token, stop_ids):
+                    results[r] = out
+                    stats.generated_tokens += len(out)
+                    continue
+                slot_req[b], slot_out[b], tok_host[b], pos_host[b] = r, out, token, ids.shape[1]
+                free.remove(b)
+        for b in free:
+            slot_req[b], tok_host[b], pos_host[b] = None, 0, 0
 
-    for b in range(B):
-        admit(b)
+    admit(list(range(B)))
     device = engine.device
     while any(r is not None for r in slot_req):
         t0 = time.perf_counter()
@@ -249,6 +269,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
         stats.decode_times_s.append(time.perf_counter() - t0)
         stats.decode_s += stats.decode_times_s[-1]
         stats.decode_steps += 1
+        finished = []
         for b in range(B):
             r = slot_req[b]
             if r is None:
@@ -256,7 +277,10 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             if _accept(requests[r], slot_out[b], nxt[b], stop_ids):
                 results[r] = slot_out[b]
                 stats.generated_tokens += len(slot_out[b])
-                admit(b)
+                slot_req[b], tok_host[b], pos_host[b] = None, 0, 0
+                finished.append(b)
             else:
                 tok_host[b], pos_host[b] = nxt[b], pos_host[b] + 1
+        if finished and queue:
+            admit(finished)
     return [r if r is not None else [] for r in results]

@@ -15,6 +15,7 @@ CUDA only) the decode step is captured once per batch size and replayed. Timings
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -99,6 +100,18 @@ def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA); a no-op elsewhere. Timings call it before reading the clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _on_stream(stream):
+    """``torch.cuda.stream(stream)``, or nothing for None (the current stream)."""
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
+
+def _join(streams: list) -> None:
+    """The current stream waits for every side stream of :meth:`Engine.prefill_rows_shared`."""
+    for s in streams:
+        if s is not None:
+            torch.cuda.current_stream(s.device).wait_stream(s)
 
 
 def peak_gib(device: torch.device) -> float | None:
@@ -415,6 +428,7 @@ class Engine(_EngineBase):
         self.fused_head = "head" in self.fused_gemvs and getattr(head, "bias", None) is None and isinstance(
             self.model.model.norm, LlamaRMSNorm)
         self._graphs: dict[int, tuple] = {}
+        self._side_streams: list = []  # prefill_rows_shared's, made on first use
         self.graph_error: str | None = None
         self.compiled = compile
         # Through a weak reference: a bound method kept on the engine is a reference cycle, and the engine's caches
@@ -592,6 +606,74 @@ class Engine(_EngineBase):
                 the prompt or not its prefix; a ``keep`` position that is not a multiple of ``prefill_chunk``
                 between ``reuse.length`` (or 1) and T.
         """
+        return self.prefill_rows_shared([(row, input_ids, reuse, keep)])[0]
+
+    @torch.inference_mode()
+    def prefill_rows_shared(self, jobs: Sequence[tuple[int, torch.Tensor, RowPrefix | None, Sequence[int]]]
+                            ) -> list[tuple[torch.Tensor, dict[int, RowPrefix]]]:
+        """:meth:`prefill_row_shared` for several prompts into distinct rows at once: on CUDA each prompt's chunks
+        run on a stream of their own, chunk c of every prompt launched before chunk c + 1 of any, so one prompt's
+        low-occupancy kernels (the GDN state pass, norms, small launches) overlap another's GEMMs and attention.
+        Rows never interact, so each prompt's logits, latent rows and states equal those of its own
+        :meth:`prefill_row_shared` bit for bit (same kernels, same chunks); off CUDA the chunks simply interleave.
+        Activation memory grows with the number of prompts (one chunk's activations each).
+
+        Args:
+            jobs: (row, input_ids, reuse, keep) per prompt, as :meth:`prefill_row_shared`'s arguments; rows
+                distinct. A ``reuse`` prefix's latent rows are copied (and its states loaded) before any prompt of
+                the call is prefilled, so ``reuse.row`` may be one of the call's rows.
+
+        Returns:
+            Per job, in order: (logits [1, V] of its last position, {length: kept :class:`RowPrefix`}).
+
+        Raises:
+            ValueError: as :meth:`prefill_row_shared` for any job (checked for all before any work), or a row
+                named twice.
+        """
+        rows = [job[0] for job in jobs]
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"prefill_rows_shared: rows {rows} repeat; each prompt needs a row of its own")
+        chunk = self.prefill_chunk
+        plans = [self._check_row_job(*job) for job in jobs]
+        works = []  # per job: row slots, device ids, first position, kept prefixes
+        for (row, input_ids, reuse, keep), start0 in zip(jobs, plans):
+            slots = self._row_slots(row)
+            kept: dict[int, RowPrefix] = {}
+            if reuse is not None:
+                self._load_prefix(row, slots, reuse)
+                if start0 in keep:
+                    kept[start0] = dataclasses.replace(reuse, row=row)
+            else:
+                for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before read
+                    if not isinstance(slot, MLACacheSlot):
+                        map_state(slot, lambda t: t.zero_())
+            works.append((slots, input_ids.to(self.device), start0, kept))
+        streams = self._job_streams(len(jobs))
+        hidden: list[torch.Tensor | None] = [None] * len(jobs)
+        rounds = max(-(-(ids.shape[1] - start0) // chunk) for _, ids, start0, _ in works)
+        for c in range(rounds):
+            for k, ((row, input_ids, _, keep), (slots, ids, start0, kept)) in enumerate(zip(jobs, works)):
+                start = start0 + c * chunk
+                T = ids.shape[1]
+                if start >= T:
+                    continue
+                with _on_stream(streams[k]):
+                    hidden[k] = self._prefill(ids[:, start:start + chunk], start, slots)
+                    end = min(start + chunk, T)
+                    if end in keep:
+                        kept[end] = RowPrefix(row=row, length=end, ids=input_ids[0, :end].cpu().clone(),
+                                              linear=[None if isinstance(s, MLACacheSlot) else map_state(s, torch.clone)
+                                                      for s in slots])
+        out = []
+        for k, (_, _, _, kept) in enumerate(works):
+            with _on_stream(streams[k]):
+                out.append((self._lm_logits(hidden[k])[:, -1], kept))
+        _join(streams)
+        return out
+
+    def _check_row_job(self, row: int, input_ids: torch.Tensor, reuse: RowPrefix | None,
+                       keep: Sequence[int]) -> int:
+        """Validate one :meth:`prefill_rows_shared` job; its first prefilled position (``reuse.length`` or 0)."""
         if not 0 <= row < self.max_batch:
             raise ValueError(f"row {row} outside the engine's batch of {self.max_batch}")
         B, T = self._check(input_ids, 1)
@@ -607,26 +689,20 @@ class Engine(_EngineBase):
         if bad:
             raise ValueError(f"keep={sorted(keep)}: positions must be multiples of prefill_chunk={chunk} from "
                              f"{max(start0, 1)} up to the prompt's {T} tokens; {bad} are not")
-        slots = self._row_slots(row)
-        kept: dict[int, RowPrefix] = {}
-        if reuse is not None:
-            self._load_prefix(row, slots, reuse)
-            if start0 in keep:
-                kept[start0] = dataclasses.replace(reuse, row=row)
-        else:
-            for slot in slots:  # the row's recurrent / conv states restart; latent rows are written before being read
-                if not isinstance(slot, MLACacheSlot):
-                    map_state(slot, lambda t: t.zero_())
-        ids = input_ids.to(self.device)
-        hidden = None
-        for start in range(start0, T, chunk):
-            hidden = self._prefill(ids[:, start:start + chunk], start, slots)
-            end = min(start + chunk, T)
-            if end in keep:
-                kept[end] = RowPrefix(row=row, length=end, ids=input_ids[0, :end].cpu().clone(),
-                                      linear=[None if isinstance(s, MLACacheSlot) else map_state(s, torch.clone)
-                                              for s in slots])
-        return self._lm_logits(hidden)[:, -1], kept
+        return start0
+
+    def _job_streams(self, n: int) -> list:
+        """n streams for :meth:`prefill_rows_shared`, each after the work queued so far on the current stream; [None]
+        (the current stream) for one job or off CUDA."""
+        if n == 1 or self.device.type != "cuda":
+            return [None] * n
+        while len(self._side_streams) < n:
+            self._side_streams.append(torch.cuda.Stream(self.device))
+        streams = self._side_streams[:n]
+        main = torch.cuda.current_stream(self.device)
+        for s in streams:
+            s.wait_stream(main)
+        return streams
 
     def _load_prefix(self, row: int, slots: list, prefix: RowPrefix) -> None:
         """Copy ``prefix``'s latent rows from its row into ``row`` and load its linear states into ``slots``."""

@@ -17,6 +17,9 @@ PREFILL_CHUNK_TOKENS = 16384
 """Prefill chunk of the native engine for RULER and ``eval`` (bounds activation memory). 16K rather than 8K: fewer,
 larger kernels and fewer attention merges per prompt, at half the activation memory of 32K
 (``benchmarks/results/ruler_prefill_chunks_h100.json``)."""
+PREFILL_STREAMS = 1
+"""Prompts the native engine's continuous batching prefills at once when several slots are free
+(``continuous_generate``'s ``prefill_streams``: one CUDA stream each; the tokens are the same for any value)."""
 CAPACITY_STEP_TOKENS = 4096
 """The native engine's cache capacity grows in multiples of this, so similar prompt lengths share one engine."""
 
@@ -219,7 +222,7 @@ class NativeDecoder:
 
         return continuous_generate(engine, [Request(ids=ids, max_new_tokens=max_new_tokens, should_stop=should_stop)
                                             for ids in prompts], self.eos, stats=self.stats,
-                                   share_prefixes=self.prefix_sharing)
+                                   share_prefixes=self.prefix_sharing, prefill_streams=PREFILL_STREAMS)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[str]:
         return [self.tokenizer.decode(tokens, skip_special_tokens=True)
