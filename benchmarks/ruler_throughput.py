@@ -16,7 +16,8 @@ Writes benchmarks/results/ruler_throughput.json (one record per model and length
 ``prefill_first_s``, ``prefill_median_s``, ``prefill_max_s``: one prompt's prefill, the first of the point and
 the median and slowest of all; ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
 a shared prefix instead of prefilled, ``--prefix-sharing``; ``decode_step_first_s``, ``decode_step_median_s``,
-``decode_step_max_s``: one decode step of all slots, host work included) after every point.
+``decode_step_max_s``: one decode step of all slots, host work included; ``prefill_streams``: prompts prefilled at
+once, ``--prefill-streams``) after every point.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """

@@ -9,7 +9,8 @@ position's hidden state reaches the LM head, so [T, V] logits are never built. D
 sequence; MLA layers use the absorbed-weight form (checkpoint-format.md §6, :mod:`hylo_bench.decode.mla_layer`),
 linear layers their recurrent step (:mod:`hylo_bench.decode.linear_layer`). With ``cuda_graphs=True`` (HyLo,
 CUDA only) the decode step is captured once per batch size and replayed. Timings synchronise the device.
-:meth:`Engine.prefill_row` and :meth:`_EngineBase.decode_step` (per-row positions) serve continuous batching
+:meth:`Engine.prefill_row` (or :meth:`Engine.prefill_rows_shared`, several rows at once) and
+:meth:`_EngineBase.decode_step` (per-row positions) serve continuous batching
 (:mod:`hylo_bench.decode.batching`).
 """
 
