@@ -14,7 +14,8 @@ Writes benchmarks/results/ruler_throughput.json (one record per model and length
 ``seconds``, ``num_samples``, ``peak_memory_gib``, ``status`` ok|oom; with continuous batching also ``prefill_s``,
 ``decode_s`` and ``other_s``: the engine's prefill and decode seconds and the rest, host work and one-time costs;
 ``prefill_first_s``, ``prefill_median_s``, ``prefill_max_s``: one prompt's prefill, the first of the point and
-the median and slowest of all; ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
+the median and slowest of all (prompts prefilled together, ``prefill_streams`` > 1, each count their group's wall
+time over its size); ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
 a shared prefix instead of prefilled, ``--prefix-sharing``; ``decode_step_first_s``, ``decode_step_median_s``,
 ``decode_step_max_s``: one decode step of all slots, host work included; ``prefill_streams``: prompts prefilled at
 once, ``--prefill-streams``) after every point.

@@ -6,7 +6,7 @@ the next decode step together.
 The decode step always runs the engine's full batch (``Engine.max_batch`` rows, per-row positions as a tensor), so
 its shapes never change and one CUDA graph serves the whole run; an idle slot decodes a dummy token at position 0,
 which touches only its own row (rewritten by the next prefill into it). Prefills run between decode steps
-(``Engine.prefill_row``, chunked), as vLLM schedules prefills before decodes without chunked-prefill mixing; when
+(``Engine.prefill_row_shared``, chunked), as vLLM schedules prefills before decodes without chunked-prefill mixing; when
 several slots are free, up to ``prefill_streams`` of them are prefilled at once (``Engine.prefill_rows_shared``, a
 CUDA stream each).
 

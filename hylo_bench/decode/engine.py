@@ -622,19 +622,25 @@ class Engine(_EngineBase):
         Args:
             jobs: (row, input_ids, reuse, keep) per prompt, as :meth:`prefill_row_shared`'s arguments; rows
                 distinct. A ``reuse`` prefix's latent rows are copied (and its states loaded) before any prompt of
-                the call is prefilled, so ``reuse.row`` may be one of the call's rows.
+                the call is prefilled, so ``reuse.row`` may be the row of another job, unless that job also takes a
+                prefix (its copy would overwrite the rows being read).
 
         Returns:
             Per job, in order: (logits [1, V] of its last position, {length: kept :class:`RowPrefix`}).
 
         Raises:
-            ValueError: as :meth:`prefill_row_shared` for any job (checked for all before any work), or a row
-                named twice.
+            ValueError: as :meth:`prefill_row_shared` for any job (checked for all before any work), a row
+                named twice, or a ``reuse.row`` that another job of the call fills from a prefix of its own.
         """
         rows = [job[0] for job in jobs]
         if len(set(rows)) != len(rows):
             raise ValueError(f"prefill_rows_shared: rows {rows} repeat; each prompt needs a row of its own")
-        chunk = self.prefill_chunk
+        copied_into = {row for row, _, reuse, _ in jobs if reuse is not None}
+        clash = [reuse.row for row, _, reuse, _ in jobs
+                 if reuse is not None and reuse.row != row and reuse.row in copied_into]
+        if clash:
+            raise ValueError(f"prefill_rows_shared: rows {clash} hold a reused prefix and also take one; prefill "
+                             f"those prompts in separate calls")
         plans = [self._check_row_job(*job) for job in jobs]
         works = []  # per job: row slots, device ids, first position, kept prefixes
         for (row, input_ids, reuse, keep), start0 in zip(jobs, plans):
@@ -650,6 +656,15 @@ class Engine(_EngineBase):
                         map_state(slot, lambda t: t.zero_())
             works.append((slots, input_ids.to(self.device), start0, kept))
         streams = self._job_streams(len(jobs))
+        try:
+            return self._interleaved_prefill(jobs, works, streams)
+        finally:  # also on an error (out of memory): later work on this stream must wait for the side streams
+            _join(streams)
+
+    def _interleaved_prefill(self, jobs, works, streams) -> list[tuple[torch.Tensor, dict[int, RowPrefix]]]:
+        """The chunk loop of :meth:`prefill_rows_shared`: chunk c of every job (each on ``streams[k]``) before
+        chunk c + 1 of any; then each job's logits. works: per job (row slots, device ids, first position, kept)."""
+        chunk = self.prefill_chunk
         hidden: list[torch.Tensor | None] = [None] * len(jobs)
         rounds = max(-(-(ids.shape[1] - start0) // chunk) for _, ids, start0, _ in works)
         for c in range(rounds):
@@ -669,7 +684,6 @@ class Engine(_EngineBase):
         for k, (_, _, _, kept) in enumerate(works):
             with _on_stream(streams[k]):
                 out.append((self._lm_logits(hidden[k])[:, -1], kept))
-        _join(streams)
         return out
 
     def _check_row_job(self, row: int, input_ids: torch.Tensor, reuse: RowPrefix | None,

@@ -11,7 +11,7 @@ import torch
 from hylo_bench.decode.batching import BatchStats, Request, continuous_generate, shared_prefix_plan
 from hylo_bench.decode.engine import Engine
 from tests.decode.test_batching import LAYOUTS, _model, _naive_greedy
-from tests.decode.test_prefix_sharing import _row_state
+from tests.decode.test_prefix_sharing import _row_state, stem_prompts
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -25,17 +25,18 @@ def test_rows_prefilled_together_equal_each_alone(kind, device):
     r = torch.randint(3, 97, (1, 6), generator=g)  # shorter: its chunks end before the others'
     engine = Engine(model, max_batch=4, max_context=16, prefill_chunk=4)
     (_, kept), = engine.prefill_rows_shared([(0, p, None, [8])])
-    # row 0 is both q's prefix source and r's target: the prefix is copied before anything is prefilled
-    done = engine.prefill_rows_shared([(2, q, kept[8], [12]), (0, r, None, []), (3, p, None, [4])])
+    # row 0 is both q's prefix source and r's target (r listed first): the prefix is copied before anything is
+    # prefilled, whatever the jobs' order
+    done = engine.prefill_rows_shared([(0, r, None, []), (2, q, kept[8], [12]), (3, p, None, [4])])
     fresh = Engine(model, max_batch=1, max_context=16, prefill_chunk=4)
-    for (logits, new), (row, ids, T) in zip(done, [(2, q, 14), (0, r, 6), (3, p, 13)]):
+    for (logits, new), (row, ids, T) in zip(done, [(0, r, 6), (2, q, 14), (3, p, 13)]):
         assert torch.equal(logits, fresh.prefill_row(0, ids))
         assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, row, T), _row_state(fresh, 0, T)))
-    assert sorted(done[0][1]) == [12] and done[1][1] == {} and sorted(done[2][1]) == [4]
-    assert done[0][1][12].row == 2 and torch.equal(done[0][1][12].ids, q[0, :12].cpu())
+    assert done[0][1] == {} and sorted(done[1][1]) == [12] and sorted(done[2][1]) == [4]
+    assert done[1][1][12].row == 2 and torch.equal(done[1][1][12].ids, q[0, :12].cpu())
     # the kept states are those a lone prefill keeps at the same position
     _, alone = fresh.prefill_row_shared(0, q, keep=[12])
-    for a, b in zip(done[0][1][12].linear, alone[12].linear):
+    for a, b in zip(done[1][1][12].linear, alone[12].linear):
         if a is not None:
             pairs = list(zip(Engine._slot_tensors(a), Engine._slot_tensors(b)))
             assert pairs and all(torch.equal(x, y) for (_, x), (_, y) in pairs)
@@ -49,6 +50,12 @@ def test_prefill_rows_shared_refuses_a_repeated_row_before_any_work():
         engine.prefill_rows_shared([(0, torch.tensor([[5, 6, 7]]), None, []), (0, torch.tensor([[8, 9]]), None, [])])
     with pytest.raises(ValueError, match="row 2 outside the engine's batch of 2"):
         engine.prefill_rows_shared([(0, torch.tensor([[5, 6, 7]]), None, []), (2, torch.tensor([[8, 9]]), None, [])])
+    p = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    (_, kept), = engine.prefill_rows_shared([(0, p, None, [4])])
+    (_, kept1), = engine.prefill_rows_shared([(1, p, kept[4], [4])])
+    before = [t.clone() for t in _row_state(engine, 0, 16)]
+    with pytest.raises(ValueError, match=r"rows \[0, 1\] hold a reused prefix and also take one"):
+        engine.prefill_rows_shared([(1, p, kept[4], []), (0, p, kept1[4], [])])
     assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, 0, 16), before))
 
 
@@ -74,9 +81,7 @@ class _Recorder:
 def test_continuous_generate_with_prefill_streams_equals_the_naive_loop(kind):
     model = _model(kind)
     g = torch.Generator().manual_seed(11)
-    stem = torch.randint(3, 97, (14,), generator=g).tolist()
-    cuts, tails = [9, 14, 6, 12, 2, 14, 10], [3, 2, 5, 1, 6, 4, 2]
-    prompts = [stem[:c] + torch.randint(3, 97, (t,), generator=g).tolist() for c, t in zip(cuts, tails)]
+    prompts = stem_prompts(g)
     prompts += [torch.randint(3, 97, (n,), generator=g).tolist() for n in (7, 11, 4)]  # nothing shared
     budgets = [4, 2, 6, 3, 5, 2, 4, 3, 5, 2]
     naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
@@ -101,3 +106,34 @@ def test_continuous_generate_with_prefill_streams_equals_the_naive_loop(kind):
     assert counts[2] == counts[3] == counts[1]
     with pytest.raises(ValueError, match="prefill_streams must be >= 1, got 0"):
         continuous_generate(Engine(model, max_batch=1, max_context=24, prefill_chunk=4), reqs, prefill_streams=0)
+
+
+def test_groups_with_a_reusing_leader_and_first_token_finishers():
+    """A group led by a prompt that reuses a prefix, with a follower written into another row, and requests that end
+    at their first token inside a group (their slots go to the next requests of the same admission)."""
+    model = _model("gdn")
+    stem = list(range(10, 22))
+    prompts = [stem[:8] + [30, 31], stem[:8] + [40, 41, 42], [60, 91, 92, 93, 94], [65, 96], [70, 3, 4],
+               [75, 5, 6, 7, 8], [80, 9]]
+    budgets = [3, 4, 1, 1, 5, 2, 3]  # prompts 2 and 3 end at their first token
+    plan = shared_prefix_plan(prompts, 4)
+    assert plan.order == list(range(7)) and plan.shared == [0, 8, 0, 0, 0, 0, 0]
+    naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
+    reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
+    seen = {}
+    for streams in (1, 2, 3):
+        stats = BatchStats(batch_size=3)
+        engine = _Recorder(Engine(model, max_batch=3, max_context=24, prefill_chunk=4))
+        assert continuous_generate(engine, reqs, stats=stats, prefill_streams=streams) == naive
+        seen[streams] = (engine.calls, stats.decode_steps, stats.prefills, stats.prefix_reused_tokens,
+                         stats.generated_tokens)
+    # one at a time: slots 0, 1, 2 take prompts 0, 1, 2; 2 ends at once, so slot 2 takes 3, which ends too, then 4.
+    # Prompt 0 ends after decode step 2 (slot 0 -> prompt 5, one step); after step 3 slots 0 and 1 free -> 6 in 0
+    assert seen[1][0] == [[(0, False)], [(1, True)], [(2, False)], [(2, False)], [(2, False)], [(0, False)],
+                          [(0, False)]]
+    # three at once: prompt 1 reuses prompt 0's prefix, so it leads a group of its own with prompt 2 beside it;
+    # 2 ends at its first token and its slot goes to 3 (ends too) and then 4 in the same admission
+    assert seen[3][0] == [[(0, False)], [(1, True), (2, False)], [(2, False)], [(2, False)], [(0, False)],
+                          [(0, False)]]
+    assert seen[2][0] == seen[3][0]
+    assert seen[1][1:] == seen[2][1:] == seen[3][1:] == (seen[1][1], 7, 8, sum(len(t) for t in naive))

@@ -64,13 +64,18 @@ def test_prefill_from_a_kept_prefix_is_bitwise_a_full_prefill(kind, device):
     assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, 1, 13), _row_state(fresh, 0, 13)))
 
 
+def stem_prompts(g: torch.Generator) -> list[list[int]]:
+    """Seven prompts cut from one 14-token stem at different lengths, each with its own tail: neighbours in
+    lexicographic order share 0 to 14 tokens, so a 4-token chunk plan shares and keeps prefixes."""
+    stem = torch.randint(3, 97, (14,), generator=g).tolist()
+    cuts, tails = [9, 14, 6, 12, 2, 14, 10], [3, 2, 5, 1, 6, 4, 2]
+    return [stem[:c] + torch.randint(3, 97, (t,), generator=g).tolist() for c, t in zip(cuts, tails)]
+
+
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
 def test_continuous_generate_with_shared_prefixes_equals_the_naive_loop(kind):
     model = _model(kind)
-    g = torch.Generator().manual_seed(11)
-    stem = torch.randint(3, 97, (14,), generator=g).tolist()
-    cuts, tails = [9, 14, 6, 12, 2, 14, 10], [3, 2, 5, 1, 6, 4, 2]
-    prompts = [stem[:c] + torch.randint(3, 97, (t,), generator=g).tolist() for c, t in zip(cuts, tails)]
+    prompts = stem_prompts(torch.Generator().manual_seed(11))
     budgets = [4, 2, 6, 3, 5, 2, 4]
     naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
     reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
