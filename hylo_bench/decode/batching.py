@@ -188,8 +188,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     """
     if prefill_streams < 1:
         raise ValueError(f"prefill_streams must be >= 1, got {prefill_streams}")
-    streams = prefill_streams
-    if not hasattr(engine, "prefill_row_shared"):
+    if not hasattr(engine, "prefill_rows_shared"):
         raise ValueError(f"continuous batching needs the HyLo Engine (per-row prefill); got {type(engine).__name__}")
     for k, req in enumerate(requests):
         if len(req.ids) < 1 or req.max_new_tokens < 1:
@@ -221,7 +220,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
         free = list(free)
         while free and queue:
             group: list[tuple[int, int]] = []  # (position in the plan, request)
-            while queue and len(group) < min(streams, len(free)):
+            while queue and len(group) < min(prefill_streams, len(free)):
                 k, r = queue[0]
                 if group and plan.shared[k]:  # its shared latent rows come from the previous prompt's prefill
                     break
@@ -234,7 +233,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
                 n = plan.shared[k]
                 jobs.append((b, torch.tensor([list(requests[r].ids)], dtype=torch.long),
                              dataclasses.replace(kept[n], row=last_row) if n else None, plan.keep[k]))
-            done = engine.prefill_rows_shared(jobs) if len(jobs) > 1 else [engine.prefill_row_shared(*jobs[0])]
+            done = engine.prefill_rows_shared(jobs)
             tokens = [int(t) for t in torch.cat([logits.argmax(-1) for logits, _ in done]).tolist()]
             dt = (time.perf_counter() - t0) / len(jobs)  # a group's prompts share its wall time evenly
             for (b, ids, _, _), (k, r), (_, new), token in zip(jobs, group, done, tokens):

@@ -60,17 +60,13 @@ def test_prefill_rows_shared_refuses_a_repeated_row_before_any_work():
 
 
 class _Recorder:
-    """An Engine wrapper that records each prefill call's rows (and forwards everything else)."""
+    """An Engine wrapper that records the rows of each prefill group (and forwards everything else)."""
 
     def __init__(self, engine: Engine):
         self.engine, self.calls = engine, []
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
-
-    def prefill_row_shared(self, row, ids, reuse=None, keep=()):
-        self.calls.append([(row, reuse is not None)])
-        return self.engine.prefill_row_shared(row, ids, reuse, keep)
 
     def prefill_rows_shared(self, jobs):
         self.calls.append([(row, reuse is not None) for row, _, reuse, _ in jobs])
