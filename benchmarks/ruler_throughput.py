@@ -18,7 +18,10 @@ the median and slowest of all (prompts prefilled together, ``prefill_streams`` >
 time over its size); ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
 a shared prefix instead of prefilled, ``--prefix-sharing``; ``decode_step_first_s``, ``decode_step_median_s``,
 ``decode_step_max_s``: one decode step of all slots, host work included; ``prefill_streams``: prompts prefilled at
-once, ``--prefill-streams``) after every point.
+once, ``--prefill-streams``; ``host_engine_build_s`` and ``host_encode_wait_s``: the parts of ``other_s`` spent
+building engines and waiting for prompts' token ids) after every point. ``--samples 8,24`` runs a point per
+sample count: a point's one-time costs (the first prompts' tokenisation, the engine's set-up, the first decode
+step's CUDA-graph capture) weigh less in a longer run, as in a full RULER run of hundreds of samples a task.
 Usage (H200): python benchmarks/ruler_throughput.py --lengths 8k,32k,64k,128k --samples 2
 (``--lengths 64k --samples 4 --batch-size 8 --transformer-engines static``: the batched 64K point of issue 22)
 """
@@ -74,6 +77,49 @@ def build_hybrid():
                                "layout": "7MLA21GDN", "kind": "hylo"}
 
 
+class HostTimers:
+    """Seconds of two host costs inside ``evaluate_model``, for the records' ``other_s`` split: building engines
+    (``hylo_bench.decode.engine.make_engine``, caches included) and waiting for prompts' token ids
+    (``PromptEncoder.submit(...).result()``). Installed by wrapping those two public entry points."""
+
+    def __init__(self) -> None:
+        import hylo_bench.decode.engine as engine_mod
+        from hylo_bench.tasks.ruler import runner
+
+        self.engine_build_s = self.encode_wait_s = 0.0
+        make, submit = engine_mod.make_engine, runner.PromptEncoder.submit
+        timers = self
+
+        def timed_make(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return make(*a, **kw)
+            finally:
+                timers.engine_build_s += time.perf_counter() - t0
+
+        class TimedFuture:
+            def __init__(self, fut) -> None:
+                self.fut = fut
+
+            def result(self, timeout=None):
+                t0 = time.perf_counter()
+                try:
+                    return self.fut.result(timeout)
+                finally:
+                    timers.encode_wait_s += time.perf_counter() - t0
+
+            def cancel(self) -> bool:
+                return self.fut.cancel()
+
+        engine_mod.make_engine = timed_make
+        runner.PromptEncoder.submit = lambda enc, prompt: TimedFuture(submit(enc, prompt))
+
+    def take(self) -> dict:
+        out = {"host_engine_build_s": round(self.engine_build_s, 3), "host_encode_wait_s": round(self.encode_wait_s, 3)}
+        self.engine_build_s = self.encode_wait_s = 0.0
+        return out
+
+
 def main() -> None:
     from hylo_bench.config.units import parse_length
     from hylo_bench.decode import greedy
@@ -87,7 +133,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="8k,32k,64k,128k")
     ap.add_argument("--tasks", default="niah_single_1,niah_multikey_2,ruler_vt,ruler_cwe")
-    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--samples", default="2", help="samples per task, comma-separated (one point each: a point's "
+                    "one-time costs, the first prompts' tokenisation and the engine's set-up, weigh less in a "
+                    "longer one)")
     ap.add_argument("--work", default="/tmp/ruler-throughput")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ruler_throughput.json"))
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new points after this many seconds")
@@ -107,13 +155,15 @@ def main() -> None:
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
     t_start = time.perf_counter()
+    host = HostTimers()
     lengths = [parse_length(x) for x in args.lengths.split(",")]
     tasks = args.tasks.split(",")
+    sample_counts = [int(v) for v in args.samples.split(",")]
     tok = load_tokenizer(demo_teacher_dir())
     tok.model_max_length = 1 << 30
     work = Path(args.work)
     doc = result_envelope("ruler_throughput")
-    doc.update(tasks=tasks, samples_per_task=args.samples, tokenizer="hylo-bench demo tokenizer (vocab 3148)",
+    doc.update(tasks=tasks, samples_per_task=sample_counts, tokenizer="hylo-bench demo tokenizer (vocab 3148)",
                models={"transformer": "Qwen3-1.7B-shaped (28 attention layers), random bf16",
                        "hybrid": f"{RECIPE} layout (7 MLA + 21 GDN), random bf16"})
     # same prompts for both models: generate every sample once into the shared cache, timed separately
@@ -121,7 +171,7 @@ def main() -> None:
     for length in lengths:
         t0 = time.perf_counter()
         for task in tasks:
-            load_or_generate(task, tok, length, args.samples, seed=42, haystack_text=text, chat_template=False,
+            load_or_generate(task, tok, length, max(sample_counts), seed=42, haystack_text=text, chat_template=False,
                              cache_dir=work / "cache", tok_hash=tokenizer_hash(tok))
         doc.setdefault("sample_generation_s", {})[str(length)] = round(time.perf_counter() - t0, 3)
         print(f"samples at {length}: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -134,9 +184,10 @@ def main() -> None:
         sharing = args.prefix_sharing.split(",") if hybrid else ["on"]
         # repeats outermost: an A/B's variants alternate after the first point has paid the one-time costs
         streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
-        points = [(e, n, c, sh, st, r) for r in range(args.repeat) for e in engines for n in lengths
-                  for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])]
-        for engine, length, chunk, share, n_streams, repeat in points:
+        points = [(e, n, c, sh, st, k, r) for r in range(args.repeat) for e in engines for n in lengths
+                  for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])
+                  for k in sample_counts]
+        for engine, length, chunk, share, n_streams, samples, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": args.batch_size,
@@ -148,14 +199,16 @@ def main() -> None:
                 extra["prefix_sharing"] = False
             if n_streams is not None:
                 greedy.PREFILL_STREAMS = n_streams
-            cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=args.samples,
+            cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            host.take()
             t0 = time.perf_counter()
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
-                   "num_samples": len(tasks) * args.samples, "engine": resolve_engine(model, engine),
+                   "num_samples": len(tasks) * samples, "samples_per_task": samples,
+                   "engine": resolve_engine(model, engine),
                    "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
                    "prefix_sharing": share if hybrid else None,
                    "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None}
@@ -176,7 +229,7 @@ def main() -> None:
                                                                "prefill_max_s", "decode_step_first_s",
                                                                "decode_step_median_s", "decode_step_max_s")
                                   if st.get(k) is not None},
-                               other_s=round(secs - st["prefill_s"] - st["decode_s"], 3))
+                               other_s=round(secs - st["prefill_s"] - st["decode_s"], 3), **host.take())
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])
             rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
