@@ -120,6 +120,49 @@ class HostTimers:
         return out
 
 
+class HostSampler:
+    """Where the main thread spends the time that is neither prefill nor decode: a daemon thread reads the main
+    thread's stack every ``interval_s`` and counts, for samples outside ``prefill_rows_shared`` and ``decode_step``,
+    the innermost frame of this project's code (file:line function). ``take()`` returns the top entries as
+    {frame: seconds}."""
+
+    ENGINE = ("prefill_rows_shared", "decode_step")
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        import collections
+        import threading
+
+        self.interval_s = interval_s
+        self.counts: collections.Counter = collections.Counter()
+        self.main = threading.main_thread().ident
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="host-sampler")
+        self.thread.start()
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop.wait(self.interval_s):
+            now = time.perf_counter()
+            dt, last = now - last, now  # the wait oversleeps: count the time that passed, not the interval
+            frame = sys._current_frames().get(self.main)
+            ours, inside = None, False
+            while frame is not None:
+                code = frame.f_code
+                if code.co_name in self.ENGINE:
+                    inside = True
+                    break
+                if ours is None and ("hylo_bench" in code.co_filename or "benchmarks" in code.co_filename):
+                    ours = f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}"
+                frame = frame.f_back
+            if not inside:
+                self.counts[ours or "other"] += dt
+
+    def take(self, top: int = 12) -> dict:
+        out = {k: round(v, 3) for k, v in self.counts.most_common(top)}
+        self.counts.clear()
+        return out
+
+
 def main() -> None:
     from hylo_bench.config.units import parse_length
     from hylo_bench.decode import greedy
@@ -151,11 +194,14 @@ def main() -> None:
     ap.add_argument("--prefill-streams", default="",
                     help="prompts the hybrid's continuous batching prefills at once (hylo_bench.decode.greedy."
                     "PREFILL_STREAMS), comma-separated, one point each ('' = the library's default)")
+    ap.add_argument("--sample-host", action="store_true", help="record where the host's time outside prefill and "
+                    "decode goes (a stack sampler on the main thread; ``host_hotspots_s`` in each record)")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     host = HostTimers()
+    sampler = HostSampler() if args.sample_host else None
     lengths = [parse_length(x) for x in args.lengths.split(",")]
     tasks = args.tasks.split(",")
     sample_counts = [int(v) for v in args.samples.split(",")]
@@ -205,6 +251,8 @@ def main() -> None:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             host.take()
+            if sampler is not None:
+                sampler.take()
             t0 = time.perf_counter()
             rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
                    "num_samples": len(tasks) * samples, "samples_per_task": samples,
@@ -230,6 +278,8 @@ def main() -> None:
                                                                "decode_step_median_s", "decode_step_max_s")
                                   if st.get(k) is not None},
                                other_s=round(secs - st["prefill_s"] - st["decode_s"], 3), **host.take())
+                if sampler is not None:
+                    rec["host_hotspots_s"] = sampler.take()
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])
             rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)

@@ -24,6 +24,7 @@ the samples of a NIAH task share the haystack up to their first needle.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import statistics
@@ -123,6 +124,22 @@ class PrefixPlan:
         return cls(order=list(range(n)), shared=[0] * n, keep=[[] for _ in range(n)])
 
 
+def token_array(ids: Sequence[int]) -> array.array:
+    """A prompt's token ids as a host ``array('q')`` (int64): built about 4x faster than a tensor from a list of a
+    64K-token prompt, compared lexicographically in C, and viewed as a tensor without a copy (:func:`ids_tensor`)."""
+    if isinstance(ids, array.array) and ids.typecode == "q":
+        return ids
+    try:
+        return array.array("q", ids)
+    except TypeError:  # elements that are not ints (0-d tensors, numpy scalars)
+        return array.array("q", [int(t) for t in ids])
+
+
+def ids_tensor(ids: array.array) -> torch.Tensor:
+    """[T] int64 CPU tensor sharing ``ids``' memory (T >= 1)."""
+    return torch.frombuffer(ids, dtype=torch.long)
+
+
 def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPlan:
     """Which whole prefill chunks each prompt can take from the prompts served before it.
 
@@ -140,8 +157,9 @@ def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPl
         A :class:`PrefixPlan`; in input order and sharing nothing when no two prompts share a whole chunk.
     """
     n = len(prompts)
-    order = sorted(range(n), key=lambda r: tuple(prompts[r]))
-    tensors = [torch.as_tensor(list(prompts[r]), dtype=torch.long) for r in order]
+    arrays = [token_array(p) for p in prompts]
+    order = sorted(range(n), key=arrays.__getitem__)
+    tensors = [ids_tensor(arrays[r]) for r in order]
     shared = [0]
     for a, b in zip(tensors, tensors[1:]):
         m = min(len(a), len(b) - 1)
@@ -203,7 +221,8 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     stats = stats if stats is not None else BatchStats(batch_size=B)
     stats.batch_size, stats.requests = B, stats.requests + len(requests)
     results: list[list[int] | None] = [None] * len(requests)
-    plan = (shared_prefix_plan([req.ids for req in requests], engine.prefill_chunk) if share_prefixes
+    arrays = [token_array(req.ids) for req in requests]  # host token ids, converted once
+    plan = (shared_prefix_plan(arrays, engine.prefill_chunk) if share_prefixes
             else PrefixPlan.unshared(len(requests)))
     queue = collections.deque(enumerate(plan.order))
     kept: dict[int, object] = {}  # prefix length -> the latest RowPrefix of that length, while a queued one needs it
@@ -231,7 +250,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             jobs = []
             for b, (k, r) in zip(free, group):
                 n = plan.shared[k]
-                jobs.append((b, torch.tensor([list(requests[r].ids)], dtype=torch.long),
+                jobs.append((b, ids_tensor(arrays[r])[None],
                              dataclasses.replace(kept[n], row=last_row) if n else None, plan.keep[k]))
             done = engine.prefill_rows_shared(jobs)
             tokens = [int(t) for t in torch.cat([logits.argmax(-1) for logits, _ in done]).tolist()]
