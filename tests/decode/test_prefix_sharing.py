@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hylo_bench.decode.batching import BatchStats, Request, continuous_generate, shared_prefix_plan
+from hylo_bench.decode.batching import (
+    BatchStats,
+    Request,
+    continuous_generate,
+    ids_tensor,
+    shared_prefix_plan,
+    token_array,
+)
 from hylo_bench.decode.engine import Engine
 from tests.decode.test_batching import LAYOUTS, _model, _naive_greedy
 
@@ -30,6 +37,19 @@ def test_plan_orders_lexicographically_and_shares_whole_chunks():
     assert shared_prefix_plan([B[:12], B], chunk=4).shared == [0, 12]
     assert shared_prefix_plan([A, B], chunk=16).shared == [0, 0]  # nothing whole: input order
     assert shared_prefix_plan([B, A], chunk=16).order == [0, 1]
+
+
+def test_plan_takes_token_ids_of_any_sequence_type():
+    """Lists, tuples, int64 / int32 tensors and numpy arrays give the plan of plain lists (token ids are held as
+    ``array('q')``); large ids keep their order (4096 > 300, not compared as bytes)."""
+    import numpy as np
+
+    prompts = [A, B, C, D, E]
+    mixed = [tuple(A), torch.tensor(B), torch.tensor(C, dtype=torch.int32), np.array(D), E]
+    assert shared_prefix_plan(mixed, chunk=4) == shared_prefix_plan(prompts, chunk=4)
+    assert token_array(torch.tensor([7, 1 << 40])).tolist() == [7, 1 << 40]
+    assert ids_tensor(token_array([3, 4]))[None].tolist() == [[3, 4]]
+    assert shared_prefix_plan([[5, 4096, 1], [5, 300, 2]], chunk=1).order == [1, 0]
 
 
 def _row_state(engine: Engine, row: int, T: int) -> list[torch.Tensor]:
