@@ -123,8 +123,8 @@ class HostTimers:
 class HostSampler:
     """Where the main thread spends the time that is neither prefill nor decode: a daemon thread reads the main
     thread's stack every ``interval_s`` and counts, for samples outside ``prefill_rows_shared`` and ``decode_step``,
-    the innermost frame of this project's code (file:line function). ``take()`` returns the top entries as
-    {frame: seconds}."""
+    the innermost frame of this project's code (file:line function). ``take()`` returns the top entries as one
+    string, "frame seconds s; ..." (a flat record field)."""
 
     ENGINE = ("prefill_rows_shared", "decode_step")
 
@@ -157,8 +157,8 @@ class HostSampler:
             if not inside:
                 self.counts[ours or "other"] += dt
 
-    def take(self, top: int = 12) -> dict:
-        out = {k: round(v, 3) for k, v in self.counts.most_common(top)}
+    def take(self, top: int = 12) -> str:
+        out = "; ".join(f"{k} {v:.3f} s" for k, v in self.counts.most_common(top))  # records stay flat
         self.counts.clear()
         return out
 
@@ -195,7 +195,7 @@ def main() -> None:
                     help="prompts the hybrid's continuous batching prefills at once (hylo_bench.decode.greedy."
                     "PREFILL_STREAMS), comma-separated, one point each ('' = the library's default)")
     ap.add_argument("--sample-host", action="store_true", help="record where the host's time outside prefill and "
-                    "decode goes (a stack sampler on the main thread; ``host_hotspots_s`` in each record)")
+                    "decode goes (a stack sampler on the main thread; ``host_hotspots`` in each record)")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
@@ -279,7 +279,7 @@ def main() -> None:
                                   if st.get(k) is not None},
                                other_s=round(secs - st["prefill_s"] - st["decode_s"], 3), **host.take())
                 if sampler is not None:
-                    rec["host_hotspots_s"] = sampler.take()
+                    rec["host_hotspots"] = sampler.take()
             except torch.cuda.OutOfMemoryError as exc:
                 rec.update(status="oom", error=str(exc).splitlines()[0][:200])
             rec["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
