@@ -136,8 +136,9 @@ def token_array(ids: Sequence[int]) -> array.array:
 
 
 def ids_tensor(ids: array.array) -> torch.Tensor:
-    """[T] int64 CPU tensor sharing ``ids``' memory (T >= 1)."""
-    return torch.frombuffer(ids, dtype=torch.long)
+    """[T] int64 CPU tensor sharing ``ids``' memory (a new empty tensor for T = 0: ``torch.frombuffer`` refuses an
+    empty buffer)."""
+    return torch.frombuffer(ids, dtype=torch.long) if len(ids) else torch.empty(0, dtype=torch.long)
 
 
 def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPlan:

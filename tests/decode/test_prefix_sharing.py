@@ -9,6 +9,7 @@ import torch
 
 from hylo_bench.decode.batching import (
     BatchStats,
+    PrefixPlan,
     Request,
     continuous_generate,
     ids_tensor,
@@ -50,6 +51,7 @@ def test_plan_takes_token_ids_of_any_sequence_type():
     assert token_array(torch.tensor([7, 1 << 40])).tolist() == [7, 1 << 40]
     assert ids_tensor(token_array([3, 4]))[None].tolist() == [[3, 4]]
     assert shared_prefix_plan([[5, 4096, 1], [5, 300, 2]], chunk=1).order == [1, 0]
+    assert shared_prefix_plan([[], [5, 6]], chunk=1) == PrefixPlan.unshared(2)  # an empty prompt shares nothing
 
 
 def _row_state(engine: Engine, row: int, T: int) -> list[torch.Tensor]:
