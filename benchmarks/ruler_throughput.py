@@ -185,7 +185,8 @@ def main() -> None:
     ap.add_argument("--engine", default="auto", help="ruler --engine for the hybrid (auto: the native engine on CUDA)")
     ap.add_argument("--transformer-engines", default="generate,static",
                     help="ruler --engine values for the transformer, comma-separated, one record each ('' = none)")
-    ap.add_argument("--batch-size", type=int, default=1, help="ruler --batch-size for every point")
+    ap.add_argument("--batch-size", default="1", help="ruler --batch-size, comma-separated (one point each; more "
+                    "slots read the weights once per decode step for more rows)")
     ap.add_argument("--prefill-chunks", default="",
                     help="ruler --prefill-chunk values for the hybrid, comma-separated, one point each ('' = default)")
     ap.add_argument("--prefix-sharing", default="on",
@@ -205,6 +206,7 @@ def main() -> None:
     lengths = [parse_length(x) for x in args.lengths.split(",")]
     tasks = args.tasks.split(",")
     sample_counts = [int(v) for v in args.samples.split(",")]
+    batch_sizes = [int(v) for v in args.batch_size.split(",")]
     tok = load_tokenizer(demo_teacher_dir())
     tok.model_max_length = 1 << 30
     work = Path(args.work)
@@ -230,13 +232,13 @@ def main() -> None:
         sharing = args.prefix_sharing.split(",") if hybrid else ["on"]
         # repeats outermost: an A/B's variants alternate after the first point has paid the one-time costs
         streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
-        points = [(e, n, c, sh, st, k, r) for r in range(args.repeat) for e in engines for n in lengths
+        points = [(e, n, c, sh, st, k, bs, r) for r in range(args.repeat) for e in engines for n in lengths
                   for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])
-                  for k in sample_counts]
-        for engine, length, chunk, share, n_streams, samples, repeat in points:
+                  for k in sample_counts for bs in batch_sizes]
+        for engine, length, chunk, share, n_streams, samples, batch_size, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
-                                       "engine": engine, "batch_size": args.batch_size,
+                                       "engine": engine, "batch_size": batch_size,
                                        "status": "skipped_time_budget"})
                 write_result(Path(args.out), doc)
                 continue
@@ -246,7 +248,7 @@ def main() -> None:
             if n_streams is not None:
                 greedy.PREFILL_STREAMS = n_streams
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=samples,
-                              results_dir=str(work), device="cuda", engine=engine, batch_size=args.batch_size,
+                              results_dir=str(work), device="cuda", engine=engine, batch_size=batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -254,7 +256,7 @@ def main() -> None:
             if sampler is not None:
                 sampler.take()
             t0 = time.perf_counter()
-            rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": args.batch_size,
+            rec = {"model": info["name"], "layout": info["layout"], "seq_len": length, "batch_size": batch_size,
                    "num_samples": len(tasks) * samples, "samples_per_task": samples,
                    "engine": resolve_engine(model, engine),
                    "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
