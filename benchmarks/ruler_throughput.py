@@ -197,10 +197,15 @@ def main() -> None:
                     "PREFILL_STREAMS), comma-separated, one point each ('' = the library's default)")
     ap.add_argument("--sample-host", action="store_true", help="record where the host's time outside prefill and "
                     "decode goes (a stack sampler on the main thread; ``host_hotspots`` in each record)")
+    ap.add_argument("--switch-interval-ms", default="",
+                    help="sys.setswitchinterval values for the hybrid, in ms, comma-separated, one point each ('' = "
+                    "Python's 5 ms): how long the main thread, which launches the GPU's work, may wait for the GIL "
+                    "that a prompt-encoding thread holds")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
     t_start = time.perf_counter()
+    default_switch = sys.getswitchinterval()
     host = HostTimers()
     sampler = HostSampler() if args.sample_host else None
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -232,10 +237,11 @@ def main() -> None:
         sharing = args.prefix_sharing.split(",") if hybrid else ["on"]
         # repeats outermost: an A/B's variants alternate after the first point has paid the one-time costs
         streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
-        points = [(e, n, c, sh, st, k, bs, r) for r in range(args.repeat) for e in engines for n in lengths
+        switch = [float(v) for v in args.switch_interval_ms.split(",") if v] if hybrid else []
+        points = [(e, n, c, sh, st, k, bs, sw, r) for r in range(args.repeat) for e in engines for n in lengths
                   for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])
-                  for k in sample_counts for bs in batch_sizes]
-        for engine, length, chunk, share, n_streams, samples, batch_size, repeat in points:
+                  for k in sample_counts for bs in batch_sizes for sw in (switch or [None])]
+        for engine, length, chunk, share, n_streams, samples, batch_size, switch_ms, repeat in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": batch_size,
@@ -247,6 +253,7 @@ def main() -> None:
                 extra["prefix_sharing"] = False
             if n_streams is not None:
                 greedy.PREFILL_STREAMS = n_streams
+            sys.setswitchinterval(default_switch if switch_ms is None else switch_ms / 1000)
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
@@ -261,7 +268,8 @@ def main() -> None:
                    "engine": resolve_engine(model, engine),
                    "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
                    "prefix_sharing": share if hybrid else None,
-                   "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None}
+                   "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None,
+                   "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3)}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

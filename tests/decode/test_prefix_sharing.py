@@ -54,6 +54,30 @@ def test_plan_takes_token_ids_of_any_sequence_type():
     assert shared_prefix_plan([[], [5, 6]], chunk=1) == PrefixPlan.unshared(2)  # an empty prompt shares nothing
 
 
+def test_plan_shares_the_common_prefix_of_a_naive_loop():
+    """Random prompts from a 3-token vocabulary (long common prefixes; some repeated), chunks of 1-7 tokens: each
+    shared count is the common prefix with the predecessor in sorted order, found by a Python loop, capped one token
+    below the prompt's length and rounded down to whole chunks."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        n = 2 + trial % 5
+        prompts = [torch.randint(0, 3, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+                   for _ in range(n)]
+        prompts += prompts[:trial % 2]  # a repeated prompt: its last token is still prefilled
+        n = len(prompts)
+        for chunk in (1, 2, 3, 7):
+            plan = shared_prefix_plan(prompts, chunk)
+            order = sorted(range(n), key=lambda r: prompts[r])
+            expect = [0]
+            for a, b in zip([prompts[r] for r in order], [prompts[r] for r in order][1:]):
+                common = 0
+                while common < min(len(a), len(b) - 1) and a[common] == b[common]:
+                    common += 1
+                expect.append(common // chunk * chunk)
+            assert plan.shared == expect, (prompts, chunk)
+            assert plan.order == (order if any(expect) else list(range(n)))
+
+
 def _row_state(engine: Engine, row: int, T: int) -> list[torch.Tensor]:
     out = []
     for slot in engine.slots:
