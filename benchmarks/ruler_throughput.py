@@ -17,7 +17,8 @@ Writes benchmarks/results/ruler_throughput.json (one record per model and length
 the median and slowest of all (prompts prefilled together, ``prefill_streams`` > 1, each count their group's wall
 time over its size); ``prefill_tokens`` and ``prefix_reused_tokens``: prompt tokens, and those taken from
 a shared prefix instead of prefilled, ``--prefix-sharing``; ``decode_step_first_s``, ``decode_step_median_s``,
-``decode_step_max_s``: one decode step of all slots, host work included; ``prefill_streams``: prompts prefilled at
+``decode_step_max_s``: one decode step, host work included; ``decode_rows``: the rows of every decode step summed
+(the occupied slots rounded up to a multiple of 8); ``prefill_streams``: prompts prefilled at
 once, ``--prefill-streams``; ``host_engine_build_s`` and ``host_encode_wait_s``: the parts of ``other_s`` spent
 building engines and waiting for prompts' token ids) after every point. ``--samples 8,24`` runs a point per
 sample count: a point's one-time costs (the first prompts' tokenisation, the engine's set-up, the first decode
@@ -283,6 +284,7 @@ def main() -> None:
                                generated_tokens=st["generated_tokens"],
                                prefill_tokens=st.get("prefill_tokens"),
                                prefix_reused_tokens=st.get("prefix_reused_tokens"),  # None: a checkout without it
+                               decode_rows=st.get("decode_rows"),
                                **{k: round(st[k], 5) for k in ("prefill_first_s", "prefill_median_s",
                                                                "prefill_max_s", "decode_step_first_s",
                                                                "decode_step_median_s", "decode_step_max_s")

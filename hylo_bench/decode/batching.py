@@ -1,14 +1,17 @@
 """Continuous batching over the native engine (greedy): a fixed batch of B slots, each holding one request's MLA
 latent rows and GDN / Mamba-2 state at its own position; when a request ends (EOS, stop predicate, budget) its
-slot is refilled with the next request's prefill while the other slots keep their caches, then all B slots take
-the next decode step together.
+slot is refilled with the next request's prefill while the other slots keep their caches, then the occupied slots
+take the next decode step together.
 
-The decode step always runs the engine's full batch (``Engine.max_batch`` rows, per-row positions as a tensor), so
-its shapes never change and one CUDA graph serves the whole run; an idle slot decodes a dummy token at position 0,
-which touches only its own row (rewritten by the next prefill into it). Prefills run between decode steps
-(``Engine.prefill_row_shared``, chunked), as vLLM schedules prefills before decodes without chunked-prefill mixing; when
-several slots are free, up to ``prefill_streams`` of them are prefilled at once (``Engine.prefill_rows_shared``, a
-CUDA stream each).
+The decode step runs the first ``n`` slots (per-row positions as a tensor), ``n`` the highest occupied slot rounded
+up to a multiple of :data:`DECODE_ROW_MULTIPLE` (at most ``Engine.max_batch``): vLLM pads a decode batch to its
+nearest CUDA-graph capture size the same way, so a few shapes, each one CUDA graph, serve the whole run, and a step
+with its top slots free reads neither their MLA latent rows nor their linear states. Requests fill the lowest free
+slots, so a task with fewer requests than slots never touches the top ones. An idle slot below ``n`` decodes a dummy
+token at position 0, which touches only its own row (rewritten by the next prefill into it). Prefills run between
+decode steps (``Engine.prefill_row_shared``, chunked), as vLLM schedules prefills before decodes without
+chunked-prefill mixing; when several slots are free, up to ``prefill_streams`` of them are prefilled at once
+(``Engine.prefill_rows_shared``, a CUDA stream each).
 
 Each request's tokens equal those of ``Engine.generate_until`` on that prompt alone: rows never interact (MLA
 attends over its own row's ``positions[b] + 1`` cache rows, linear states are per row).
@@ -33,6 +36,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+# A decode step's rows are rounded up to a multiple of this (module docstring). 8: the fused GEMVs pad their rows to
+# 16 or to a power of two (hylo_bench.kernels.gemv), so 8-32 slots need two GEMV tunings, and each shape costs one CUDA
+# graph capture and one MLA split-kernel tuning.
+DECODE_ROW_MULTIPLE = 8
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Request:
@@ -54,7 +61,8 @@ class Request:
 class BatchStats:
     """What one :func:`continuous_generate` call did. Times in seconds (wall clock; every step ends with the
     tokens read back to the host, which synchronises the device). ``prefill_tokens`` counts every prompt token,
-    ``prefix_reused_tokens`` those taken from a shared prefix instead of prefilled. Prompts prefilled together
+    ``prefix_reused_tokens`` those taken from a shared prefix instead of prefilled, ``decode_rows`` the rows of every
+    decode step summed (:func:`decode_rows`; at most ``decode_steps * batch_size``). Prompts prefilled together
     (``prefill_streams`` > 1) each count their group's wall time divided by its size in ``prefill_times_s``."""
 
     batch_size: int
@@ -64,6 +72,7 @@ class BatchStats:
     decode_steps: int = 0
     generated_tokens: int = 0
     prefix_reused_tokens: int = 0
+    decode_rows: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prefill_times_s: list[float] = dataclasses.field(default_factory=list, repr=False)
@@ -185,6 +194,14 @@ def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPl
     return PrefixPlan(order=order, shared=shared, keep=keep)
 
 
+def decode_rows(occupied_top: int, max_batch: int) -> int:
+    """Rows a decode step runs when slot ``occupied_top - 1`` is the highest occupied one: ``occupied_top`` rounded up
+    to a multiple of :data:`DECODE_ROW_MULTIPLE`, at most ``max_batch`` (e.g. 17 of 32 slots -> 24)."""
+    if not 1 <= occupied_top <= max_batch:
+        raise ValueError(f"occupied_top must be in [1, {max_batch}], got {occupied_top}")
+    return min(max_batch, -(-occupied_top // DECODE_ROW_MULTIPLE) * DECODE_ROW_MULTIPLE)
+
+
 def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] | frozenset[int] = frozenset(),
                         stats: BatchStats | None = None, share_prefixes: bool = True,
                         prefill_streams: int = 1) -> list[list[int]]:
@@ -291,14 +308,16 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     device = engine.device
     while any(r is not None for r in slot_req):
         t0 = time.perf_counter()
-        tok = torch.tensor(tok_host, dtype=torch.long).to(device, non_blocking=True)
-        pos = torch.tensor(pos_host, dtype=torch.long).to(device, non_blocking=True)
+        n = decode_rows(max(b for b in range(B) if slot_req[b] is not None) + 1, B)
+        tok = torch.tensor(tok_host[:n], dtype=torch.long).to(device, non_blocking=True)
+        pos = torch.tensor(pos_host[:n], dtype=torch.long).to(device, non_blocking=True)
         nxt = engine.decode_step(tok, pos).tolist()
         stats.decode_times_s.append(time.perf_counter() - t0)
         stats.decode_s += stats.decode_times_s[-1]
         stats.decode_steps += 1
+        stats.decode_rows += n
         finished = []
-        for b in range(B):
+        for b in range(n):
             r = slot_req[b]
             if r is None:
                 continue

@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from hylo_bench.decode import batching
 from hylo_bench.decode.batching import BatchStats, Request, continuous_generate
 from hylo_bench.decode.engine import Engine, TransformerEngine
 from hylo_bench.models.hybrid import HyLoForCausalLM
@@ -85,6 +86,30 @@ def test_continuous_batching_equals_batch_one_and_naive_loop(kind):
     assert stats.decode_steps == 12 and stats.generated_tokens == sum(BUDGETS)
 
 
+@pytest.mark.parametrize(("multiple", "rows"), [(1, 28), (2, 31), (8, 36)])
+def test_decode_steps_run_the_occupied_slots_only(monkeypatch, multiple, rows):
+    """The schedule of the test above (3 slots, no EOS): slot 2 is occupied to step 7, slot 1 to step 9, slot 0 to
+    step 12, so a step runs 3 rows to step 7, then 2, then 1 (28 row-steps), rounded up to a multiple of 2 (31) or 8
+    (capped at the 3 slots: 36). The tokens are the naive loop's whatever the rows."""
+    monkeypatch.setattr(batching, "DECODE_ROW_MULTIPLE", multiple)
+    model = _model("gdn")
+    prompts = _prompts()
+    naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, BUDGETS)]
+    stats = BatchStats(batch_size=3)
+    engine = Engine(model, max_batch=3, max_context=24, prefill_chunk=4)
+    got = continuous_generate(engine, [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, BUDGETS)],
+                              stats=stats)
+    assert got == naive
+    assert stats.decode_steps == 12 and stats.decode_rows == rows
+
+
+def test_decode_rows_rounds_up_to_the_multiple():
+    assert [batching.decode_rows(n, 32) for n in (1, 8, 9, 17, 24, 25, 32)] == [8, 8, 16, 24, 24, 32, 32]
+    assert [batching.decode_rows(n, 12) for n in (1, 9, 12)] == [8, 12, 12]
+    with pytest.raises(ValueError, match="occupied_top must be in \\[1, 4\\], got 5"):
+        batching.decode_rows(5, 4)
+
+
 def test_stop_predicate_keeps_the_token_and_frees_the_slot():
     model = _model("gdn")
     prompts = _prompts(seed=2)[:4]
@@ -132,9 +157,12 @@ def test_continuous_generate_refuses_bad_requests():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("multiple", [1, 8])
 @pytest.mark.parametrize("kind", ["gdn-qknorm", "mamba"])
-def test_gpu_continuous_batching_with_graphs_equals_batch_one(kind):
-    """On CUDA (Triton MLA / GDN kernels, fused GEMVs, CUDA graphs), float32 so batch sizes round alike."""
+def test_gpu_continuous_batching_with_graphs_equals_batch_one(monkeypatch, kind, multiple):
+    """On CUDA (Triton MLA / GDN kernels, fused GEMVs, CUDA graphs), float32 so batch sizes round alike. With a row
+    multiple of 1 the steps run 3, 2 and 1 rows: three graphs, each captured mid-run over live states."""
+    monkeypatch.setattr(batching, "DECODE_ROW_MULTIPLE", multiple)
     model = _model(kind).cuda()
     prompts = _prompts()
     single = Engine(model, max_batch=1, max_context=24, cuda_graphs=True)
@@ -142,3 +170,4 @@ def test_gpu_continuous_batching_with_graphs_equals_batch_one(kind):
     engine = Engine(model, max_batch=3, max_context=24, cuda_graphs=True)
     got = continuous_generate(engine, [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, BUDGETS)])
     assert engine.cuda_graphs and got == want
+    assert sorted(engine._graphs) == ([1, 2, 3] if multiple == 1 else [3])
