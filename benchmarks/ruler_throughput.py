@@ -166,7 +166,7 @@ class HostSampler:
 
 def main() -> None:
     from hylo_bench.config.units import parse_length
-    from hylo_bench.decode import greedy
+    from hylo_bench.decode import batching, greedy
     from hylo_bench.decode.greedy import PREFILL_CHUNK_TOKENS, resolve_engine
     from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.models.loading import load_tokenizer
@@ -202,11 +202,16 @@ def main() -> None:
                     help="sys.setswitchinterval values for the hybrid, in ms, comma-separated, one point each ('' = "
                     "Python's 5 ms): how long the main thread, which launches the GPU's work, may wait for the GIL "
                     "that a prompt-encoding thread holds")
+    ap.add_argument("--decode-row-multiples", default="",
+                    help="hylo_bench.decode.batching.DECODE_ROW_MULTIPLE values for the hybrid, comma-separated, one "
+                         "point each ('' = the library's): a decode step's rows are the occupied slots rounded up to "
+                         "a multiple of this (the batch size: every slot at every step)")
     ap.add_argument("--repeat", type=int, default=1, help="run each point this many times in the same process (the "
                     "first pays the one-time costs; later ones are the steady state)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     default_switch = sys.getswitchinterval()
+    default_rows = batching.DECODE_ROW_MULTIPLE
     host = HostTimers()
     sampler = HostSampler() if args.sample_host else None
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -239,10 +244,12 @@ def main() -> None:
         # repeats outermost: an A/B's variants alternate after the first point has paid the one-time costs
         streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
         switch = [float(v) for v in args.switch_interval_ms.split(",") if v] if hybrid else []
-        points = [(e, n, c, sh, st, k, bs, sw, r) for r in range(args.repeat) for e in engines for n in lengths
+        row_multiples = [int(v) for v in args.decode_row_multiples.split(",") if v] if hybrid else []
+        points = [(e, n, c, sh, st, k, bs, sw, r, rm) for r in range(args.repeat) for e in engines for n in lengths
                   for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])
-                  for k in sample_counts for bs in batch_sizes for sw in (switch or [None])]
-        for engine, length, chunk, share, n_streams, samples, batch_size, switch_ms, repeat in points:
+                  for k in sample_counts for bs in batch_sizes for sw in (switch or [None])
+                  for rm in (row_multiples or [None])]
+        for engine, length, chunk, share, n_streams, samples, batch_size, switch_ms, repeat, row_multiple in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": batch_size,
@@ -255,6 +262,7 @@ def main() -> None:
             if n_streams is not None:
                 greedy.PREFILL_STREAMS = n_streams
             sys.setswitchinterval(default_switch if switch_ms is None else switch_ms / 1000)
+            batching.DECODE_ROW_MULTIPLE = default_rows if row_multiple is None else row_multiple
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
@@ -270,7 +278,8 @@ def main() -> None:
                    "prefill_chunk": (chunk or PREFILL_CHUNK_TOKENS) if hybrid else None, "repeat": repeat,
                    "prefix_sharing": share if hybrid else None,
                    "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None,
-                   "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3)}
+                   "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
+                   "decode_row_multiple": batching.DECODE_ROW_MULTIPLE if hybrid else None}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()
