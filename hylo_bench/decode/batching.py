@@ -36,10 +36,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-# A decode step's rows are rounded up to a multiple of this (module docstring). 8: the fused GEMVs pad their rows to
-# 16 or to a power of two (hylo_bench.kernels.gemv), so 8-32 slots need two GEMV tunings, and each shape costs one CUDA
-# graph capture and one MLA split-kernel tuning.
+# A decode step's rows are rounded up to a multiple of this (module docstring). 8: the fused Triton GEMVs pad 2-16 rows
+# to 16 (one tuning serves 8 and 16 rows) and more rows take cuBLAS (hylo_bench.kernels.gemv, MAX_TRITON_ROWS), so
+# each new size costs about one CUDA-graph capture and one MLA split-kernel tuning.
 DECODE_ROW_MULTIPLE = 8
+
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Request:
@@ -306,9 +307,9 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
 
     admit(list(range(B)))
     device = engine.device
-    while any(r is not None for r in slot_req):
+    while occupied := [b for b in range(B) if slot_req[b] is not None]:
         t0 = time.perf_counter()
-        n = decode_rows(max(b for b in range(B) if slot_req[b] is not None) + 1, B)
+        n = decode_rows(occupied[-1] + 1, B)
         tok = torch.tensor(tok_host[:n], dtype=torch.long).to(device, non_blocking=True)
         pos = torch.tensor(pos_host[:n], dtype=torch.long).to(device, non_blocking=True)
         nxt = engine.decode_step(tok, pos).tolist()
