@@ -86,3 +86,20 @@ def fused_gemv_reference(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: 
         x = F.silu(gate) * up
     y = F.linear(x, weight)
     return y if residual is None else residual + y
+
+
+def mlp_chain_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up: torch.Tensor,
+                        down: torch.Tensor) -> torch.Tensor:
+    """``x + down(silu(gate) * up)``, ``[gate ; up] = gate_up(LlamaRMSNorm(x))``, with the rounding of the two
+    fused GEMVs the engine runs (:func:`fused_gemv_reference`); the contract of
+    :func:`hylo_bench.kernels.gemv.chain.mlp_chain_triton`.
+
+    Args:
+        x: [..., K] residual stream (model dtype). norm_weight: [K]. gate_up: [2I, K] (gate rows first).
+        down: [K, I].
+
+    Returns:
+        [..., K] in x's dtype.
+    """
+    h = fused_gemv_reference(x, gate_up, norm_weight=norm_weight, eps=eps)
+    return fused_gemv_reference(h, down, glu=True, residual=x)
