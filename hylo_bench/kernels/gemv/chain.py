@@ -163,6 +163,8 @@ def resident_programs(kernel, device: torch.device, num_warps: int) -> int:
     once: the multiprocessors times the blocks one multiprocessor holds by registers (64K per SM), warps (64 per
     SM, 32 blocks at most) and shared memory (the device's per-SM limit)."""
     props = torch.cuda.get_device_properties(device)
+    if getattr(kernel, "n_regs", None) is None or not hasattr(kernel, "metadata"):
+        return props.multi_processor_count  # unknown occupancy: one program per multiprocessor always fits
     regs = max(1, kernel.n_regs) * 32 * num_warps
     by_regs = 65536 // regs
     by_warps = min(32, 64 // num_warps)
