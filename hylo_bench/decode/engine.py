@@ -38,7 +38,7 @@ from hylo_bench.models.cache import map_state
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
-FUSED_GEMVS = ("in", "out", "gate_up", "down", "head")
+FUSED_GEMVS = ("in", "out", "gate_up", "down", "head", "mlp_chain")
 DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read it at 97 %, the Triton GEMV at 87 %
 
 
@@ -359,7 +359,9 @@ class Engine(_EngineBase):
             their element-wise neighbours separate): "in" (the mixer's merged first projection + RMSNorm), "out"
             (``o_proj`` / ``out_proj`` + residual), "gate_up" (+ RMSNorm), "down" (SwiGLU + ``down_proj`` +
             residual), "head" (final norm + ``lm_head``). Default: all but "head" (cuBLAS reads the 622 MB
-            Qwen3 lm_head at 97 % of copy bandwidth, the Triton GEMV at 87 %).
+            Qwen3 lm_head at 97 % of copy bandwidth, the Triton GEMV at 87 %). "mlp_chain" (experimental, off by
+            default): at batch 1 the whole MLP (norm, gate_up, SwiGLU, down, residual) in one persistent kernel
+            with a grid barrier between its GEMVs (:mod:`hylo_bench.kernels.gemv.chain`).
         gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates when ``gdn_decode_backend`` is
             "fla" or "torch": "torch", "triton" (one kernel instead of about 11) or "auto" (default: triton on CUDA;
             :class:`LinearServing`). The "triton" GDN decode back end does them in its own kernel.
@@ -517,6 +519,10 @@ class Engine(_EngineBase):
         post, mlp, merged = layer.post_attention_layernorm, layer.mlp, self.merged_mlps[i]
         if not fuse_mlp:
             return h + mlp_forward(mlp, merged, post(h))
+        if "mlp_chain" in fg and h.shape[0] * h.shape[1] == 1:
+            from hylo_bench.kernels.gemv.ops import mlp_chain_op
+
+            return mlp_chain_op(h, post.weight, post.variance_epsilon, merged.weight, mlp.down_proj.weight)
         gate_up = project(h, merged.weight, Prologue(post)) if "gate_up" in fg else F.linear(post(h), merged.weight)
         if "down" in fg:
             return project(gate_up, mlp.down_proj.weight, Prologue(residual=h), glu=True)

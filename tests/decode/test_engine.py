@@ -436,6 +436,38 @@ def test_fused_gemv_subsets_equal_torch_engine(subset):
     assert torch.allclose(logits["fused"], want, rtol=0, atol=1e-12 * want.abs().max().item())
 
 
+def test_mlp_chain_at_batch_one_equals_the_two_gemv_path():
+    """fused_gemvs "mlp_chain": batch-1 decode tokens run each layer's MLP through ``hylo::mlp_chain`` (its reference
+    on CPU, float64), one call per layer and token, and keep the logits of the two-GEMV path exactly."""
+    from hylo_bench.decode.engine import DEFAULT_FUSED_GEMVS
+    from hylo_bench.kernels.gemv import ops
+
+    torch.manual_seed(0)
+    model = HyLoForCausalLM(tiny_hybrid_config()).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    ids = torch.randint(3, 97, (1, 9))
+    logits, calls = {}, []
+    orig = ops._impl_chain
+    ops._impl_chain = lambda *a: calls.append(a[0].shape) or orig(*a)
+    try:
+        for name, extra in (("two", ()), ("chain", ("mlp_chain",))):
+            engine = Engine(model, max_batch=1, max_context=16, prefill_chunk=4, gemv_backend="triton",
+                            fused_gemvs=DEFAULT_FUSED_GEMVS + extra)
+            outs = []
+            lm = engine._lm_logits
+            engine._lm_logits = lambda h, lm=lm, outs=outs: outs.append(lm(h)[:, -1]) or outs[-1][:, None]
+            engine.generate(ids, max_new_tokens=4)
+            logits[name] = torch.stack(outs)
+    finally:
+        ops._impl_chain = orig
+    assert len(calls) == 3 * len(model.model.layers)  # 3 decode tokens after the prefill's first
+    assert all(tuple(c) == (1, 1, model.config.hidden_size) for c in calls)
+    assert torch.equal(logits["chain"], logits["two"])
+
+
 def test_fused_gemv_engine_refuses_unmerged():
     model = HyLoForCausalLM(tiny_hybrid_config()).eval()
     with pytest.raises(ValueError, match="merge_projections=True"):
