@@ -361,7 +361,8 @@ class Engine(_EngineBase):
             residual), "head" (final norm + ``lm_head``). Default: all but "head" (cuBLAS reads the 622 MB
             Qwen3 lm_head at 97 % of copy bandwidth, the Triton GEMV at 87 %). "mlp_chain" (experimental, off by
             default): at batch 1 the whole MLP (norm, gate_up, SwiGLU, down, residual) in one persistent kernel
-            with a grid barrier between its GEMVs (:mod:`hylo_bench.kernels.gemv.chain`).
+            with a grid barrier between its GEMVs (:mod:`hylo_bench.kernels.gemv.chain`); slower than the two
+            GEMVs on an H100 (64K step 2.58 against 2.01-2.08 ms, ``decode_mlp_chain_h100_7cc825e.json``).
         gdn_prestep_backend: a GDN decode token's convolutions, SiLU and gates when ``gdn_decode_backend`` is
             "fla" or "torch": "torch", "triton" (one kernel instead of about 11) or "auto" (default: triton on CUDA;
             :class:`LinearServing`). The "triton" GDN decode back end does them in its own kernel.

@@ -15,6 +15,10 @@ every program resident at once: :func:`mlp_chain_triton` launches at most ``resi
 multiprocessors times the blocks one of them holds, from the compiled kernel's registers, warps and shared memory).
 Phase-1 output crosses programs through L2 (``.cg`` loads, after the barrier's acquire).
 
+Off in the engine: its persistent grid keeps fewer weight bytes in flight than the row-block GEMV's thousands of
+short programs, which costs more than the boundary it removes (an H100: 38.8 against 30.8 us a layer,
+``benchmarks/results/gemv_chain_h100_7cc825e.json``).
+
 Legend: K hidden size (x [K]), I intermediate size (gate_up [2I, K], down [K, I]), BN output rows per tile, BK
 input features per tile.
 """
