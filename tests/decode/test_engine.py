@@ -413,24 +413,35 @@ def test_fused_gemv_engine_equals_torch_engine(kind):
     assert sum(gated) == 4 * gdn
 
 
-@pytest.mark.parametrize("subset", [("in", "out"), ("gate_up", "head"), ("out", "down")])
-def test_fused_gemv_subsets_equal_torch_engine(subset):
-    """Any subset of fused GEMVs (the rest on F.linear with separate norms / adds) keeps the logits (float64)."""
+def _float64_model_with_norms_off_one():
+    """The tiny hybrid in float64 with its norm weights moved away from 1 (so a missing norm shows), seeded."""
     torch.manual_seed(0)
     model = HyLoForCausalLM(tiny_hybrid_config()).eval().double()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _decode_logits(engine, ids, new_tokens):
+    """The last-position logits of every step of ``engine.generate`` (prefill, then each decode token), stacked."""
+    outs = []
+    lm = engine._lm_logits
+    engine._lm_logits = lambda h: outs.append(lm(h)[:, -1]) or outs[-1][:, None]
+    engine.generate(ids, max_new_tokens=new_tokens)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("subset", [("in", "out"), ("gate_up", "head"), ("out", "down")])
+def test_fused_gemv_subsets_equal_torch_engine(subset):
+    """Any subset of fused GEMVs (the rest on F.linear with separate norms / adds) keeps the logits (float64)."""
+    model = _float64_model_with_norms_off_one()
     ids = torch.randint(3, 97, (2, 11))
     logits = {}
     for name, kw in (("torch", {}), ("fused", {"gemv_backend": "triton", "fused_gemvs": subset})):
         engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=4, **kw)
-        outs = []
-        lm = engine._lm_logits
-        engine._lm_logits = lambda h, lm=lm, outs=outs: outs.append(lm(h)[:, -1]) or outs[-1][:, None]
-        engine.generate(ids, max_new_tokens=5)
-        logits[name] = torch.stack(outs)
+        logits[name] = _decode_logits(engine, ids, 5)
     assert engine.fused_head == ("head" in subset)
     want = logits["torch"]
     assert torch.allclose(logits["fused"], want, rtol=0, atol=1e-12 * want.abs().max().item())
@@ -442,12 +453,7 @@ def test_mlp_chain_at_batch_one_equals_the_two_gemv_path():
     from hylo_bench.decode.engine import DEFAULT_FUSED_GEMVS
     from hylo_bench.kernels.gemv import ops
 
-    torch.manual_seed(0)
-    model = HyLoForCausalLM(tiny_hybrid_config()).eval().double()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.3)
+    model = _float64_model_with_norms_off_one()
     ids = torch.randint(3, 97, (1, 9))
     logits, calls = {}, []
     orig = ops._impl_chain
@@ -456,11 +462,7 @@ def test_mlp_chain_at_batch_one_equals_the_two_gemv_path():
         for name, extra in (("two", ()), ("chain", ("mlp_chain",))):
             engine = Engine(model, max_batch=1, max_context=16, prefill_chunk=4, gemv_backend="triton",
                             fused_gemvs=DEFAULT_FUSED_GEMVS + extra)
-            outs = []
-            lm = engine._lm_logits
-            engine._lm_logits = lambda h, lm=lm, outs=outs: outs.append(lm(h)[:, -1]) or outs[-1][:, None]
-            engine.generate(ids, max_new_tokens=4)
-            logits[name] = torch.stack(outs)
+            logits[name] = _decode_logits(engine, ids, 4)
     finally:
         ops._impl_chain = orig
     assert len(calls) == 3 * len(model.model.layers)  # 3 decode tokens after the prefill's first
