@@ -1,8 +1,8 @@
 """A decoder layer's MLP at batch 1 as one persistent Triton kernel: ``y = x + down(silu(gate) * up)`` with
 ``[gate ; up] = gate_up(rmsnorm(x))``, two GEMV phases separated by a grid-wide barrier. CUDA (sm_90) only,
-experimental: :mod:`benchmarks.gemv_chain` times it against the engine's two fused GEMV kernels; the engine does
-not call it. Contract: :func:`hylo_bench.kernels.gemv.reference.mlp_chain_reference` (the two fused GEMVs the
-engine's decode step runs).
+experimental: ``benchmarks/gemv_chain.py`` times it against the engine's two fused GEMV kernels; the engine runs it
+only with the ``fused_gemvs`` entry "mlp_chain" (off by default). Contract:
+:func:`hylo_bench.kernels.gemv.reference.mlp_chain_reference` (the two fused GEMVs the engine's decode step runs).
 
 Why: a batch-1 decode step is a chain of GEMVs, each reading its weight once. Every kernel boundary costs the tail
 of one kernel (its last programs leave most multiprocessors idle) and the ramp of the next (the first loads of every
