@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     write_result(a.out, env)
     for n, s in env["summary"].items():
         print(f"{n:20s} {s['median_us_per_layer']:8.2f} us/layer  {s['fraction_of_bound']:.3f} of bound  "
-              f"err {errs[n]:.2e}", flush=True)
+              f"err {errs[n] if errs[n] is None else format(errs[n], '.2e')}", flush=True)
     return 0
 
 

@@ -49,10 +49,10 @@ def test_chain_kernel_matches_reference_in_a_cuda_graph(K, I, kw):
     from hylo_bench.kernels.gemv.chain import mlp_chain_triton
 
     layers = [_layer(K, I, torch.bfloat16, "cuda", seed=s) for s in range(6)]
-    x0 = layers[0][0]
+    x0, nw0, gu0, dn0 = layers[0]
     for _ in range(2):
-        got = mlp_chain_triton(x0, *layers[0][1:2], 1e-6, *layers[0][2:], **kw)
-        want = mlp_chain_reference(x0, layers[0][1], 1e-6, layers[0][2], layers[0][3])
+        got = mlp_chain_triton(x0, nw0, 1e-6, gu0, dn0, **kw)
+        want = mlp_chain_reference(x0, nw0, 1e-6, gu0, dn0)
         err = ((got.float() - want.float()).norm() / want.float().norm()).item()
         assert err < 1e-2, err
     xbuf = x0.clone()
