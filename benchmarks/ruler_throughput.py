@@ -167,6 +167,7 @@ class HostSampler:
 def main() -> None:
     from hylo_bench.config.units import parse_length
     from hylo_bench.decode import batching, greedy
+    from hylo_bench.decode import engine as engine_mod
     from hylo_bench.decode.greedy import PREFILL_CHUNK_TOKENS, resolve_engine
     from hylo_bench.models.checkpoint import demo_teacher_dir
     from hylo_bench.models.loading import load_tokenizer
@@ -198,6 +199,9 @@ def main() -> None:
                     "PREFILL_STREAMS), comma-separated, one point each ('' = the library's default)")
     ap.add_argument("--sample-host", action="store_true", help="record where the host's time outside prefill and "
                     "decode goes (a stack sampler on the main thread; ``host_hotspots`` in each record)")
+    ap.add_argument("--prefix-blocks", default="",
+                    help="hylo_bench.decode.engine.PREFIX_BLOCK values for the hybrid (the granularity of prefix "
+                    "sharing, tokens), comma-separated, one point each ('' = the library's)")
     ap.add_argument("--switch-interval-ms", default="",
                     help="sys.setswitchinterval values for the hybrid, in ms, comma-separated, one point each ('' = "
                     "Python's 5 ms): how long the main thread, which launches the GPU's work, may wait for the GIL "
@@ -212,6 +216,7 @@ def main() -> None:
     t_start = time.perf_counter()
     default_switch = sys.getswitchinterval()
     default_rows = batching.DECODE_ROW_MULTIPLE
+    default_block = engine_mod.PREFIX_BLOCK
     host = HostTimers()
     sampler = HostSampler() if args.sample_host else None
     lengths = [parse_length(x) for x in args.lengths.split(",")]
@@ -245,11 +250,13 @@ def main() -> None:
         streams = [int(v) for v in args.prefill_streams.split(",") if v] if hybrid else []
         switch = [float(v) for v in args.switch_interval_ms.split(",") if v] if hybrid else []
         row_multiples = [int(v) for v in args.decode_row_multiples.split(",") if v] if hybrid else []
-        points = [(e, n, c, sh, st, k, bs, sw, r, rm) for r in range(args.repeat) for e in engines for n in lengths
+        blocks = [parse_length(v) for v in args.prefix_blocks.split(",") if v] if hybrid else []
+        points = [(e, n, c, sh, st, k, bs, sw, r, rm, pb) for r in range(args.repeat) for e in engines for n in lengths
                   for c in (chunks if hybrid else [None]) for sh in sharing for st in (streams or [None])
                   for k in sample_counts for bs in batch_sizes for sw in (switch or [None])
-                  for rm in (row_multiples or [None])]
-        for engine, length, chunk, share, n_streams, samples, batch_size, switch_ms, repeat, row_multiple in points:
+                  for rm in (row_multiples or [None]) for pb in (blocks or [None])]
+        for (engine, length, chunk, share, n_streams, samples, batch_size, switch_ms, repeat, row_multiple,
+             block) in points:
             if time.perf_counter() - t_start > args.budget_s:
                 doc["records"].append({"model": info["name"], "layout": info["layout"], "seq_len": length,
                                        "engine": engine, "batch_size": batch_size,
@@ -263,6 +270,7 @@ def main() -> None:
                 greedy.PREFILL_STREAMS = n_streams
             sys.setswitchinterval(default_switch if switch_ms is None else switch_ms / 1000)
             batching.DECODE_ROW_MULTIPLE = default_rows if row_multiple is None else row_multiple
+            engine_mod.PREFIX_BLOCK = default_block if block is None else block
             cfg = RulerConfig(model=info["name"], lengths=[length], tasks=tasks, samples=samples,
                               results_dir=str(work), device="cuda", engine=engine, batch_size=batch_size,
                               beyond_context=True, **extra)  # random weights: speed, not scores, past 40,960 tokens
@@ -279,7 +287,8 @@ def main() -> None:
                    "prefix_sharing": share if hybrid else None,
                    "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None,
                    "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
-                   "decode_row_multiple": batching.DECODE_ROW_MULTIPLE if hybrid else None}
+                   "decode_row_multiple": batching.DECODE_ROW_MULTIPLE if hybrid else None,
+                   "prefix_block": engine_mod.PREFIX_BLOCK if hybrid else None}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

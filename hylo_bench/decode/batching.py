@@ -17,12 +17,14 @@ Each request's tokens equal those of ``Engine.generate_until`` on that prompt al
 attends over its own row's ``positions[b] + 1`` cache rows, linear states are per row).
 
 Prefix sharing (``share_prefixes``, on by default; vLLM's automatic prefix caching, restricted as for its hybrid
-models to whole blocks, here whole prefill chunks): requests are served in lexicographic order of their token ids,
-so prompts with a common start are neighbours (the longest common prefix of a prompt with any earlier one is the
-one with its predecessor), and a prompt that shares at least one whole prefill chunk with its predecessor starts
-from the predecessor's latent rows and linear states after those chunks (``Engine.prefill_row_shared``) instead of
-prefilling them again. The tokens are bit for bit those of a full prefill. RULER's haystacks make this worthwhile:
-the samples of a NIAH task share the haystack up to their first needle.
+models to whole blocks, here ``Engine.prefix_block`` tokens): requests are served in lexicographic order of their
+token ids, so prompts with a common start are neighbours (the longest common prefix of a prompt with any earlier one
+is the one with its predecessor), and a prompt that shares at least one whole block with its predecessor starts
+from the predecessor's latent rows and linear states after those blocks (``Engine.prefill_row_shared``) instead of
+prefilling them again. A prompt whose prefix a later one takes is cut there (its prefill chunk split in two), which
+changes its results from an unshared prefill by floating-point rounding only; with blocks of a whole prefill chunk
+the tokens are bit for bit those of an unshared prefill. RULER's haystacks make this worthwhile: the samples of a
+NIAH task share the haystack up to their first needle.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class PrefixPlan:
     Attributes:
         order: request indices in serving order.
         shared: per position k, the tokens request ``order[k]`` takes from earlier requests instead of prefilling
-            them (a multiple of the prefill chunk; 0: none).
+            them (a multiple of the prefix block; 0: none).
         keep: per position k, the prefix lengths request ``order[k]``'s prefill keeps for later requests.
     """
 
@@ -151,39 +153,39 @@ def ids_tensor(ids: array.array) -> torch.Tensor:
     return torch.frombuffer(ids, dtype=torch.long) if len(ids) else torch.empty(0, dtype=torch.long)
 
 
-def _shared_chunks(a: memoryview, b: memoryview, m: int, chunk: int) -> int:
-    """The longest common prefix of ``a[:m]`` and ``b[:m]``, rounded down to a multiple of ``chunk`` (tokens).
+def _shared_blocks(a: memoryview, b: memoryview, m: int, block: int) -> int:
+    """The longest common prefix of ``a[:m]`` and ``b[:m]``, rounded down to a multiple of ``block`` (tokens).
 
-    Compares whole chunks in order with memoryview comparisons (C loops that keep the GIL), not torch ops: on an
+    Compares whole blocks in order with memoryview comparisons (C loops that keep the GIL), not torch ops: on an
     H100 host the torch version took 17 ms a 64K prompt while the prompt encoder's threads were tokenising, against
     0.2 ms on an idle CPU (``benchmarks/results/ruler_batch_h100.json``, ``host_hotspots``)."""
     k = 0
-    while (k + 1) * chunk <= m and a[k * chunk : (k + 1) * chunk] == b[k * chunk : (k + 1) * chunk]:
+    while (k + 1) * block <= m and a[k * block : (k + 1) * block] == b[k * block : (k + 1) * block]:
         k += 1
-    return k * chunk
+    return k * block
 
 
-def shared_prefix_plan(prompts: Sequence[Sequence[int]], chunk: int) -> PrefixPlan:
-    """Which whole prefill chunks each prompt can take from the prompts served before it.
+def shared_prefix_plan(prompts: Sequence[Sequence[int]], block: int) -> PrefixPlan:
+    """Which whole prefix blocks each prompt can take from the prompts served before it.
 
     Prompts are served in lexicographic order of their token ids, so the longest common prefix of a prompt with
     any earlier one is the one with its predecessor. Prompt k takes ``shared[k]``: that common prefix, capped one
     token below its own length (its last position is prefilled for the logits) and rounded down to a multiple of
-    ``chunk``. The prefix's linear states after ``shared[k]`` tokens come from the last earlier prompt m that
+    ``block``. The prefix's linear states after ``shared[k]`` tokens come from the last earlier prompt m that
     prefilled across that position (``shared[m] < shared[k]``; every prompt between m and k shares the prefix), so
     m keeps it; the latent rows come from prompt k - 1, the last one prefilled before k, whose row still holds them.
 
     Args:
-        prompts: token ids per request. chunk: the engine's prefill chunk (tokens, >= 1).
+        prompts: token ids per request. block: the engine's prefix block (``Engine.prefix_block``; tokens, >= 1).
 
     Returns:
-        A :class:`PrefixPlan`; in input order and sharing nothing when no two prompts share a whole chunk.
+        A :class:`PrefixPlan`; in input order and sharing nothing when no two prompts share a whole block.
     """
     n = len(prompts)
     arrays = [token_array(p) for p in prompts]
     order = sorted(range(n), key=arrays.__getitem__)
     views = [memoryview(arrays[r]) for r in order]
-    shared = [0] + [_shared_chunks(a, b, min(len(a), len(b) - 1), chunk) for a, b in zip(views, views[1:])]
+    shared = [0] + [_shared_blocks(a, b, min(len(a), len(b) - 1), block) for a, b in zip(views, views[1:])]
     if not any(shared):
         return PrefixPlan.unshared(n)
     keep: list[list[int]] = [[] for _ in range(n)]
@@ -215,8 +217,9 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
             with ``share_prefixes``, in the order of :func:`shared_prefix_plan`.
         stop_ids: token ids that end a request (not returned), e.g. the EOS ids.
         stats: filled in place when given.
-        share_prefixes: prefill whole chunks that a prompt shares with the one served before it only once (module
-            docstring); the tokens are the same either way.
+        share_prefixes: prefill whole blocks that a prompt shares with the one served before it only once (module
+            docstring); the tokens are those of an unshared prefill (bit for bit when the engine's prefix block
+            is its prefill chunk; else up to the rounding of the cut chunks, which can flip a near-tie).
         prefill_streams: when several slots are free, prefill up to this many of their requests at once
             (``Engine.prefill_rows_shared``: one CUDA stream each, chunks interleaved); a prompt that shares a
             prefix starts a new group (it needs its predecessor's prefill). The tokens are the same for any value.
@@ -248,7 +251,7 @@ def continuous_generate(engine, requests: Sequence[Request], stop_ids: set[int] 
     stats.batch_size, stats.requests = B, stats.requests + len(requests)
     results: list[list[int] | None] = [None] * len(requests)
     arrays = [token_array(req.ids) for req in requests]  # host token ids, converted once
-    plan = (shared_prefix_plan(arrays, engine.prefill_chunk) if share_prefixes
+    plan = (shared_prefix_plan(arrays, engine.prefix_block) if share_prefixes
             else PrefixPlan.unshared(len(requests)))
     queue = collections.deque(enumerate(plan.order))
     kept: dict[int, object] = {}  # prefix length -> the latest RowPrefix of that length, while a queued one needs it

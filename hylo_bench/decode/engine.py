@@ -40,6 +40,12 @@ logger = logging.getLogger(__name__)
 GIB = 2 ** 30
 FUSED_GEMVS = ("in", "out", "gate_up", "down", "head", "mlp_chain")
 DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read it at 97 %, the Triton GEMV at 87 %
+# Prefix sharing's granularity (tokens; Engine.prefix_block is this or the prefill chunk, whichever is smaller). A kept
+# length off the chunk grid splits its chunk in two and gives the MLA prefill a new prefix length, one new cuDNN
+# execution graph per distinct length (kernels/prefix_attention.py): 4096 keeps that to 16 lengths up to 64K while
+# sharing most of what token granularity would. RULER 64K, demo tokenizer, 24 samples of niah_single_1: 606,208 tokens
+# shared at 16K, 757,760 at 4K, 799,651 at one token (of 1,565,791).
+PREFIX_BLOCK = 4096
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -49,7 +55,7 @@ class RowPrefix:
     Attributes:
         row: the engine row whose latent cache rows [0, length) hold the prefix's MLA latents (not copied: they stay
             valid while that row's sequence decodes, and until the row is prefilled again).
-        length: tokens, a whole number of prefill chunks.
+        length: tokens, a whole number of the engine's prefix blocks (``Engine.prefix_block``).
         ids: [length] int64 on the host, the prefix's token ids (checked against the prompt that reuses it).
         linear: per layer, a copy of the row's linear state (GDN / Mamba-2 state and conv caches) after ``length``
             tokens; None for MLA layers.
@@ -322,6 +328,8 @@ class Engine(_EngineBase):
         max_batch: most sequences per ``generate`` call.
         max_context: cache capacity in tokens (prompt + new tokens - 1).
         prefill_chunk: tokens per prefill chunk (bounds activation memory).
+        prefix_block: granularity of prefix sharing (:meth:`prefill_row_shared`; tokens, default the smaller of
+            :data:`PREFIX_BLOCK` and ``prefill_chunk``).
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
@@ -383,11 +391,14 @@ class Engine(_EngineBase):
                  compile: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor",
                  compile_options: dict | None = None, merge_projections: bool | None = None,
                  gemv_backend: str = "auto", fused_gemvs: tuple[str, ...] = DEFAULT_FUSED_GEMVS,
-                 gdn_prestep_backend: str = "auto", layer_glue_backend: str = "auto"):
+                 gdn_prestep_backend: str = "auto", layer_glue_backend: str = "auto", prefix_block: int | None = None):
         if not hasattr(getattr(model, "config", None), "mixer_types"):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
         super().__init__(model, max_batch, max_context, prefill_chunk)
+        self.prefix_block = min(PREFIX_BLOCK, prefill_chunk) if prefix_block is None else prefix_block
+        if self.prefix_block < 1:
+            raise ValueError(f"Engine prefix_block must be >= 1; got {prefix_block}")
         if cuda_graphs and self.device.type != "cuda":
             logger.warning("cuda_graphs=True ignored: the model is on %s", self.device)
             cuda_graphs = False
@@ -593,16 +604,19 @@ class Engine(_EngineBase):
         """:meth:`prefill_row` that starts from a prefix kept earlier and / or keeps prefixes of this prompt for
         later ones (prefix sharing, as vLLM's prefix caching of hybrid models: whole blocks only).
 
-        Prefixes are whole prefill chunks, so the tokens after one are prefilled in exactly the chunks a full
-        prefill would use, from bitwise the same latent rows and states: the logits, caches and states equal those
-        of :meth:`prefill_row` bit for bit.
+        Prefixes are whole prefix blocks (``prefix_block`` tokens). A prompt is prefilled in pieces cut at every
+        multiple of ``prefill_chunk`` and at every kept length (:meth:`prefill_pieces`); a prefill from a kept prefix
+        starts from bitwise the latent rows and states that the prefill which kept it reached, so its logits,
+        caches and states equal bit for bit those of a full prefill of the prompt cut at the same positions. With
+        every cut a multiple of ``prefill_chunk`` that is :meth:`prefill_row` itself; a cut between chunk
+        boundaries changes the results by floating-point rounding only (the kernels tile a shorter piece).
 
         Args:
             row, input_ids: as :meth:`prefill_row`.
             reuse: a prefix kept by an earlier call (:class:`RowPrefix`) whose tokens start this prompt; its latent
                 rows are copied from ``reuse.row`` (which must still hold them: rows before a sequence's prompt end
                 never change while it decodes) and its linear states loaded, and prefill starts at ``reuse.length``.
-            keep: positions, each a multiple of ``prefill_chunk`` from ``reuse.length`` (0 without ``reuse``,
+            keep: positions, each a multiple of ``prefix_block`` from ``reuse.length`` (0 without ``reuse``,
                 exclusive) up to T: this prompt's prefix of each length is returned as a :class:`RowPrefix` (the
                 linear states are copied when the prefill reaches them; at ``reuse.length``, ``reuse``'s own).
 
@@ -610,8 +624,8 @@ class Engine(_EngineBase):
             (logits [1, V] of the last position, {length: the kept :class:`RowPrefix`}).
 
         Raises:
-            ValueError: as :meth:`prefill_row`; a ``reuse`` that is not a whole number of chunks, not shorter than
-                the prompt or not its prefix; a ``keep`` position that is not a multiple of ``prefill_chunk``
+            ValueError: as :meth:`prefill_row`; a ``reuse`` that is not a whole number of prefix blocks, not shorter
+                than the prompt or not its prefix; a ``keep`` position that is not a multiple of ``prefix_block``
                 between ``reuse.length`` (or 1) and T.
         """
         return self.prefill_rows_shared([(row, input_ids, reuse, keep)])[0]
@@ -620,10 +634,10 @@ class Engine(_EngineBase):
     def prefill_rows_shared(self, jobs: Sequence[tuple[int, torch.Tensor, RowPrefix | None, Sequence[int]]]
                             ) -> list[tuple[torch.Tensor, dict[int, RowPrefix]]]:
         """:meth:`prefill_row_shared` for several prompts into distinct rows at once: on CUDA each prompt's chunks
-        run on a stream of their own, chunk c of every prompt launched before chunk c + 1 of any, so one prompt's
+        run on a stream of their own, piece c of every prompt launched before piece c + 1 of any, so one prompt's
         low-occupancy kernels (the GDN state pass, norms, small launches) overlap another's GEMMs and attention.
         Rows never interact, so each prompt's logits, latent rows and states equal those of its own
-        :meth:`prefill_row_shared` bit for bit (same kernels, same chunks); off CUDA the chunks simply interleave.
+        :meth:`prefill_row_shared` bit for bit (same kernels, same pieces); off CUDA the pieces simply interleave.
         Activation memory grows with the number of prompts (one chunk's activations each).
 
         Args:
@@ -668,21 +682,27 @@ class Engine(_EngineBase):
         finally:  # also on an error (out of memory): later work on this stream must wait for the side streams
             _join(streams)
 
-    def _interleaved_prefill(self, jobs, works, streams) -> list[tuple[torch.Tensor, dict[int, RowPrefix]]]:
-        """The chunk loop of :meth:`prefill_rows_shared`: chunk c of every job (each on ``streams[k]``) before
-        chunk c + 1 of any; then each job's logits. works: per job (row slots, device ids, first position, kept)."""
+    def prefill_pieces(self, start0: int, T: int, keep: Sequence[int] = ()) -> list[tuple[int, int]]:
+        """The [start, end) pieces in which :meth:`prefill_rows_shared` prefills positions ``start0 .. T - 1``: cut at
+        every multiple of ``prefill_chunk`` and every ``keep`` position in between (e.g. chunk 8, T 21, keep [4, 12]:
+        (0, 4), (4, 8), (8, 12), (12, 16), (16, 21))."""
         chunk = self.prefill_chunk
+        cuts = sorted({*range((start0 // chunk + 1) * chunk, T, chunk), *(k for k in keep if start0 < k < T), T})
+        return list(zip([start0] + cuts[:-1], cuts))
+
+    def _interleaved_prefill(self, jobs, works, streams) -> list[tuple[torch.Tensor, dict[int, RowPrefix]]]:
+        """The piece loop of :meth:`prefill_rows_shared` (:meth:`prefill_pieces`): piece c of every job (each on
+        ``streams[k]``) before piece c + 1 of any; then each job's logits. works: per job (row slots, device ids,
+        first position, kept)."""
         hidden: list[torch.Tensor | None] = [None] * len(jobs)
-        rounds = max(-(-(ids.shape[1] - start0) // chunk) for _, ids, start0, _ in works)
-        for c in range(rounds):
-            for k, ((row, input_ids, _, keep), (slots, ids, start0, kept)) in enumerate(zip(jobs, works)):
-                start = start0 + c * chunk
-                T = ids.shape[1]
-                if start >= T:
+        pieces = [self.prefill_pieces(start0, ids.shape[1], job[3]) for job, (_, ids, start0, _) in zip(jobs, works)]
+        for c in range(max(map(len, pieces))):
+            for k, ((row, input_ids, _, keep), (slots, ids, _, kept)) in enumerate(zip(jobs, works)):
+                if c >= len(pieces[k]):
                     continue
+                start, end = pieces[k][c]
                 with _on_stream(streams[k]):
-                    hidden[k] = self._prefill(ids[:, start:start + chunk], start, slots)
-                    end = min(start + chunk, T)
+                    hidden[k] = self._prefill(ids[:, start:end], start, slots)
                     if end in keep:
                         kept[end] = RowPrefix(row=row, length=end, ids=input_ids[0, :end].cpu().clone(),
                                               linear=[None if isinstance(s, MLACacheSlot) else map_state(s, torch.clone)
@@ -701,15 +721,15 @@ class Engine(_EngineBase):
         B, T = self._check(input_ids, 1)
         if B != 1:
             raise ValueError(f"prefill_row takes one prompt ([1, T]); got batch {B}")
-        chunk = self.prefill_chunk
+        block = self.prefix_block
         start0 = 0 if reuse is None else reuse.length
-        if reuse is not None and (start0 % chunk or not 0 < start0 < T
+        if reuse is not None and (start0 % block or not 0 < start0 < T
                                   or not torch.equal(reuse.ids, input_ids[0, :start0].cpu())):
-            raise ValueError(f"reuse: a {start0}-token prefix (prefill_chunk={chunk}) must be a positive whole "
-                             f"number of chunks below the prompt's {T} tokens and equal its first {start0} tokens")
-        bad = [k for k in keep if k % chunk or not max(start0, 1) <= k <= T]
+            raise ValueError(f"reuse: a {start0}-token prefix (prefix_block={block}) must be a positive whole "
+                             f"number of blocks below the prompt's {T} tokens and equal its first {start0} tokens")
+        bad = [k for k in keep if k % block or not max(start0, 1) <= k <= T]
         if bad:
-            raise ValueError(f"keep={sorted(keep)}: positions must be multiples of prefill_chunk={chunk} from "
+            raise ValueError(f"keep={sorted(keep)}: positions must be multiples of prefix_block={block} from "
                              f"{max(start0, 1)} up to the prompt's {T} tokens; {bad} are not")
         return start0
 

@@ -26,18 +26,18 @@ D = [5, 6, 7, 8, 9, 10, 30, 31]
 E = [5, 6, 7, 8]
 
 
-def test_plan_orders_lexicographically_and_shares_whole_chunks():
-    plan = shared_prefix_plan([A, B, C, D, E], chunk=4)
+def test_plan_orders_lexicographically_and_shares_whole_blocks():
+    plan = shared_prefix_plan([A, B, C, D, E], block=4)
     # E < B < A < D < C; common prefixes E|B 4, B|A 9, A|D 6, D|C 0 -> whole chunks of 4: 4, 8, 4, 0
     assert plan.order == [4, 1, 0, 3, 2]
     assert plan.shared == [0, 4, 8, 4, 0]
     # B's 4 and D's 4 come from E (the last prompt prefilled across position 4), A's 8 from B
     assert plan.keep == [[4], [8], [], [], []]
     # a prompt's last token is always prefilled: a repeated 12-token prompt shares 8 tokens, not 12
-    assert shared_prefix_plan([B[:12], B[:12]], chunk=4).shared == [0, 8]
-    assert shared_prefix_plan([B[:12], B], chunk=4).shared == [0, 12]
-    assert shared_prefix_plan([A, B], chunk=16).shared == [0, 0]  # nothing whole: input order
-    assert shared_prefix_plan([B, A], chunk=16).order == [0, 1]
+    assert shared_prefix_plan([B[:12], B[:12]], block=4).shared == [0, 8]
+    assert shared_prefix_plan([B[:12], B], block=4).shared == [0, 12]
+    assert shared_prefix_plan([A, B], block=16).shared == [0, 0]  # nothing whole: input order
+    assert shared_prefix_plan([B, A], block=16).order == [0, 1]
 
 
 def test_plan_takes_token_ids_of_any_sequence_type():
@@ -47,11 +47,11 @@ def test_plan_takes_token_ids_of_any_sequence_type():
 
     prompts = [A, B, C, D, E]
     mixed = [tuple(A), torch.tensor(B), torch.tensor(C, dtype=torch.int32), np.array(D), E]
-    assert shared_prefix_plan(mixed, chunk=4) == shared_prefix_plan(prompts, chunk=4)
+    assert shared_prefix_plan(mixed, block=4) == shared_prefix_plan(prompts, block=4)
     assert token_array(torch.tensor([7, 1 << 40])).tolist() == [7, 1 << 40]
     assert ids_tensor(token_array([3, 4]))[None].tolist() == [[3, 4]]
-    assert shared_prefix_plan([[5, 4096, 1], [5, 300, 2]], chunk=1).order == [1, 0]
-    assert shared_prefix_plan([[], [5, 6]], chunk=1) == PrefixPlan.unshared(2)  # an empty prompt shares nothing
+    assert shared_prefix_plan([[5, 4096, 1], [5, 300, 2]], block=1).order == [1, 0]
+    assert shared_prefix_plan([[], [5, 6]], block=1) == PrefixPlan.unshared(2)  # an empty prompt shares nothing
 
 
 def test_plan_shares_the_common_prefix_of_a_naive_loop():
@@ -147,9 +147,65 @@ def test_prefill_row_shared_refuses_bad_prefixes():
         engine.prefill_row_shared(1, torch.tensor([D]), reuse=kept[8])
     with pytest.raises(ValueError, match="below the prompt's 8 tokens"):
         engine.prefill_row_shared(1, torch.tensor([A[:8]]), reuse=kept[8])
-    with pytest.raises(ValueError, match=r"keep=\[6\]: positions must be multiples of prefill_chunk=4 from 1 up to"):
+    with pytest.raises(ValueError, match=r"keep=\[6\]: positions must be multiples of prefix_block=4 from 1 up to"):
         engine.prefill_row_shared(1, p, keep=[6])
     with pytest.raises(ValueError, match=r"from 8 up to the prompt's 11 tokens; \[4\] are not"):
         engine.prefill_row_shared(1, p, reuse=kept[8], keep=[4])
     _, whole = engine.prefill_row_shared(1, torch.tensor([E]), keep=[4])  # a prompt of whole chunks keeps itself
     assert sorted(whole) == [4] and torch.equal(whole[4].ids, torch.tensor(E))
+
+
+def test_prefill_pieces_cut_at_chunk_boundaries_and_kept_lengths():
+    engine = Engine(_model("gdn"), max_batch=1, max_context=32, prefill_chunk=8, prefix_block=4)
+    assert engine.prefill_pieces(0, 21) == [(0, 8), (8, 16), (16, 21)]
+    assert engine.prefill_pieces(0, 21, keep=[4, 12, 16, 21]) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 21)]
+    assert engine.prefill_pieces(4, 21, keep=[4, 12]) == [(4, 8), (8, 12), (12, 16), (16, 21)]
+    assert engine.prefill_pieces(12, 13) == [(12, 13)]
+    assert Engine(_model("gdn"), 1, 32, 8).prefix_block == 8  # default: min(PREFIX_BLOCK, prefill_chunk)
+    with pytest.raises(ValueError, match="prefix_block must be >= 1"):
+        Engine(_model("gdn"), 1, 32, 8, prefix_block=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+@torch.inference_mode()
+def test_prefill_from_a_prefix_inside_a_chunk_is_bitwise_a_prefill_cut_there(kind, device):
+    """Blocks of 4 in chunks of 8: a prefix of 4 cuts the first chunk. From it, the logits and the row's caches equal
+    bit for bit a fresh prefill cut at 4 (``keep=[4]``), and a plain chunked prefill up to rounding."""
+    model = _model(kind).to(device)
+    g = torch.Generator().manual_seed(5)
+    p = torch.randint(3, 97, (1, 13), generator=g)
+    q = torch.cat([p[:, :6], torch.randint(3, 97, (1, 7), generator=g)], 1)  # shares 6 tokens: one block of 4
+    engine = Engine(model, max_batch=2, max_context=16, prefill_chunk=8, prefix_block=4)
+    plan = shared_prefix_plan([p[0].tolist(), q[0].tolist()], engine.prefix_block)
+    assert sorted(plan.shared) == [0, 4]
+    logits_p, kept = engine.prefill_row_shared(0, p, keep=[4])
+    logits_q, _ = engine.prefill_row_shared(1, q, reuse=kept[4])
+    fresh = Engine(model, max_batch=1, max_context=16, prefill_chunk=8, prefix_block=4)
+    cut_p, _ = fresh.prefill_row_shared(0, p, keep=[4])
+    assert torch.equal(logits_p, cut_p)
+    cut_q, _ = fresh.prefill_row_shared(0, q, keep=[4])
+    assert torch.equal(logits_q, cut_q)
+    assert all(torch.equal(x, y) for x, y in zip(_row_state(engine, 1, 13), _row_state(fresh, 0, 13)))
+    plain = fresh.prefill_row(0, q)
+    tol = dict(rtol=1e-4, atol=1e-4) if device == "cpu" else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(logits_q, plain, **tol)
+    assert torch.equal(logits_q.argmax(-1), plain.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+def test_continuous_generate_with_blocks_inside_chunks_equals_the_naive_loop(kind):
+    """Prefix blocks of 2 in prefill chunks of 4: prompts are cut inside chunks where a later one takes their
+    prefix; every request's tokens still equal the cache-free greedy loop's, and the reused tokens are the plan's."""
+    model = _model(kind)
+    prompts = stem_prompts(torch.Generator().manual_seed(11))
+    budgets = [4, 2, 6, 3, 5, 2, 4]
+    naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
+    reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
+    plan = shared_prefix_plan(prompts, 2)
+    assert sum(plan.shared) > sum(shared_prefix_plan(prompts, 4).shared)
+    assert any(s % 4 for s in plan.shared)  # some prefixes end inside a chunk
+    stats = BatchStats(batch_size=3)
+    engine = Engine(model, max_batch=3, max_context=24, prefill_chunk=4, prefix_block=2)
+    assert continuous_generate(engine, reqs, stats=stats) == naive
+    assert stats.prefix_reused_tokens == sum(plan.shared)
