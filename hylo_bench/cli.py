@@ -397,8 +397,9 @@ def ruler(
                                                 "native engine, e.g. 32k (default 16k); larger chunks launch fewer "
                                                 "kernels per prompt and hold more activations."),
     prefix_sharing: bool = typer.Option(True, "--prefix-sharing/--no-prefix-sharing", help="Native engine with "
-                                        "--batch-size > 1: prefill the whole chunks a prompt shares with an earlier "
-                                        "one (a haystack before its needle) once; same predictions."),
+                                        "--batch-size > 1: prefill the whole 4K-token blocks a prompt shares with an "
+                                        "earlier one (a haystack before its needle) once; the same predictions up to "
+                                        "the rounding of a prefill chunk cut at a shared length."),
 ) -> None:
     """Score a model on RULER tasks at the given context lengths."""
     from hylo_bench.config.units import parse_length
