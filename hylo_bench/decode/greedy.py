@@ -142,8 +142,9 @@ class NativeDecoder:
     time (a warning says so).
 
     ``prefill_chunk``: tokens per prefill chunk of the engine (default :data:`PREFILL_CHUNK_TOKENS`).
-    ``prefix_sharing``: continuous batching prefills the whole chunks a prompt shares with an earlier prompt of the
-    same call only once (``continuous_generate``'s ``share_prefixes``; the tokens are the same either way). On CUDA
+    ``prefix_sharing``: continuous batching prefills the whole blocks a prompt shares with an earlier prompt of the
+    same call only once (``continuous_generate``'s ``share_prefixes``; the tokens are the same either way, up to the
+    rounding of a prefill chunk cut at a shared length). On CUDA
     it prefills up to :data:`PREFILL_STREAMS` prompts at once when several slots are free.
 
     Raises:

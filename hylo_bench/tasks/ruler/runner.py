@@ -103,9 +103,9 @@ class RulerConfig:
         prefill_chunk: tokens per prefill chunk of the native engine (None:
             :data:`hylo_bench.decode.greedy.PREFILL_CHUNK_TOKENS`); larger chunks launch fewer kernels per prompt
             and take more activation memory.
-        prefix_sharing: the native engine's continuous batching prefills the whole chunks that a prompt shares
-            with an earlier one (a NIAH haystack before its needle) once (:mod:`hylo_bench.decode.batching`);
-            predictions are the same either way.
+        prefix_sharing: the native engine's continuous batching prefills the whole 4K-token blocks that a prompt
+            shares with an earlier one (a NIAH haystack before its needle) once (:mod:`hylo_bench.decode.batching`);
+            predictions are the same either way, up to the rounding of a prefill chunk cut at a shared length.
     """
 
     model: str
