@@ -118,18 +118,25 @@ def stem_prompts(g: torch.Generator) -> list[list[int]]:
     return [stem[:c] + torch.randint(3, 97, (t,), generator=g).tolist() for c, t in zip(cuts, tails)]
 
 
+@pytest.mark.parametrize("block", [4, 2])
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
-def test_continuous_generate_with_shared_prefixes_equals_the_naive_loop(kind):
+def test_continuous_generate_with_shared_prefixes_equals_the_naive_loop(kind, block):
+    """Prefix blocks of a whole chunk (4), and of 2 in chunks of 4: prompts are then cut inside chunks where a later
+    one takes their prefix, and every request's tokens still equal the cache-free greedy loop's."""
     model = _model(kind)
     prompts = stem_prompts(torch.Generator().manual_seed(11))
     budgets = [4, 2, 6, 3, 5, 2, 4]
     naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
     reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
-    plan = shared_prefix_plan(prompts, 4)
+    plan = shared_prefix_plan(prompts, block)
     assert sum(plan.shared) > 0 and any(len(k) for k in plan.keep)
+    if block == 2:
+        assert sum(plan.shared) > sum(shared_prefix_plan(prompts, 4).shared)
+        assert any(n % 4 for n in plan.shared)  # some prefixes end inside a chunk
     for slots in (2, 3):  # 2: rows are refilled while kept prefixes wait for their request
         stats = BatchStats(batch_size=slots)
-        got = continuous_generate(Engine(model, max_batch=slots, max_context=24, prefill_chunk=4), reqs, stats=stats)
+        engine = Engine(model, max_batch=slots, max_context=24, prefill_chunk=4, prefix_block=block)
+        got = continuous_generate(engine, reqs, stats=stats)
         assert got == naive
         assert stats.prefix_reused_tokens == sum(plan.shared) and stats.prefill_tokens == sum(map(len, prompts))
     stats = BatchStats(batch_size=2)
@@ -191,21 +198,3 @@ def test_prefill_from_a_prefix_inside_a_chunk_is_bitwise_a_prefill_cut_there(kin
     tol = dict(rtol=1e-4, atol=1e-4) if device == "cpu" else dict(rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(logits_q, plain, **tol)
     assert torch.equal(logits_q.argmax(-1), plain.argmax(-1))
-
-
-@pytest.mark.parametrize("kind", sorted(LAYOUTS))
-def test_continuous_generate_with_blocks_inside_chunks_equals_the_naive_loop(kind):
-    """Prefix blocks of 2 in prefill chunks of 4: prompts are cut inside chunks where a later one takes their
-    prefix; every request's tokens still equal the cache-free greedy loop's, and the reused tokens are the plan's."""
-    model = _model(kind)
-    prompts = stem_prompts(torch.Generator().manual_seed(11))
-    budgets = [4, 2, 6, 3, 5, 2, 4]
-    naive = [_naive_greedy(model, p, n) for p, n in zip(prompts, budgets)]
-    reqs = [Request(ids=p, max_new_tokens=n) for p, n in zip(prompts, budgets)]
-    plan = shared_prefix_plan(prompts, 2)
-    assert sum(plan.shared) > sum(shared_prefix_plan(prompts, 4).shared)
-    assert any(s % 4 for s in plan.shared)  # some prefixes end inside a chunk
-    stats = BatchStats(batch_size=3)
-    engine = Engine(model, max_batch=3, max_context=24, prefill_chunk=4, prefix_block=2)
-    assert continuous_generate(engine, reqs, stats=stats) == naive
-    assert stats.prefix_reused_tokens == sum(plan.shared)
