@@ -41,10 +41,10 @@ GIB = 2 ** 30
 FUSED_GEMVS = ("in", "out", "gate_up", "down", "head", "mlp_chain")
 DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read it at 97 %, the Triton GEMV at 87 %
 # Prefix sharing's granularity (tokens; Engine.prefix_block is this or the prefill chunk, whichever is smaller). A kept
-# length off the chunk grid cuts its chunk in two; the MLA prefill attends the prefix of the piece after the cut as
-# whole chunks plus a rest (prefix_attention's prefix_cell), so cuDNN sees at most chunk / block - 1 new key lengths
-# (an execution graph each), not one per cut. Blocks of 4096 share most of what single tokens would: RULER 64K, demo
-# tokenizer, 24 samples of niah_single_1: 606,208 of 1,565,791 prompt tokens at 16K, 757,760 at 4K, 799,651 at 1.
+# length off the chunk grid cuts its chunk in two, and the two pieces are attention shapes of their own: cuDNN builds a
+# few execution graphs per distinct cut length, once per process (kernels/prefix_attention.py). 4096 bounds those
+# lengths to 15 up to 64K while sharing most of what single tokens would: RULER 64K, demo tokenizer, 24 samples of
+# niah_single_1: 606,208 of 1,565,791 prompt tokens shared at 16K, 757,760 at 4K, 799,651 at 1.
 PREFIX_BLOCK = 4096
 
 
@@ -423,8 +423,7 @@ class Engine(_EngineBase):
         self.mixers, self.slots = [], []
         for layer in self.layers:
             if layer.mixer_type == "mla":
-                srv = MLAServing(layer.mixer, decode_backend=mla_decode_backend, merge_projections=merge_projections,
-                                 prefix_cell=prefill_chunk)
+                srv = MLAServing(layer.mixer, decode_backend=mla_decode_backend, merge_projections=merge_projections)
                 slot = srv.new_slot(max_batch, max_context)
             else:
                 srv = LinearServing(layer.mixer, layer.mixer_type, gdn_decode_backend=gdn_decode_backend,

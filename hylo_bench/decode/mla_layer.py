@@ -61,11 +61,9 @@ class MLAServing:
         merge_projections: read the query's first projection (``q_proj`` or ``q_a_proj``) and
             ``kv_a_proj_with_mqa`` with one GEMV (:func:`hylo_bench.decode.fused.merge_linears`; rebinds the module's
             weights as views, values unchanged).
-        prefix_cell: the prefill attention's ``prefix_cell``
-            (:func:`hylo_bench.kernels.prefix_attention.prefix_attention`; the engine's prefill chunk, 0: none).
     """
 
-    def __init__(self, mla, decode_backend: str = "auto", merge_projections: bool = False, prefix_cell: int = 0):
+    def __init__(self, mla, decode_backend: str = "auto", merge_projections: bool = False):
         self.m = mla
         first = mla.q_proj if hasattr(mla, "q_proj") else mla.q_a_proj
         self.merged = merge_linears([first, mla.kv_a_proj_with_mqa]) if merge_projections else None
@@ -90,7 +88,6 @@ class MLAServing:
             decode_backend, reason = MLA_DECODE_CHOICE.choose(w.device, w.dtype)
             MLA_DECODE_CHOICE.log(decode_backend, reason)
         self.prefill_pad_values = True  # chunked prefill on the sdpa back end: V padded to the q/k width for flash
-        self.prefix_cell = prefix_cell
         self.decode_backend = decode_backend
         # the fused prep kernel: with the Triton decode back end (CUDA, Triton, not float64) and fused GEMVs, for
         # LlamaRMSNorm-style norms and the query through q_b_proj (no bias) or a merged q_proj
@@ -168,8 +165,7 @@ class MLAServing:
             slot.key_scale[:B, start:S] = ks
         k, v = self._prefix_keys_values(slot, B, S)
         q = torch.cat([q_nope, q_pe], dim=-1)
-        out = prefix_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values,
-                               prefix_cell=self.prefix_cell)
+        out = prefix_attention(q, k, v, self.m.scale, start, pad_values=self.prefill_pad_values)
         return self.m.out_proj(out.transpose(1, 2).reshape(B, T, self.H * self.V))
 
     def _prefix_keys_values(self, slot: MLACacheSlot, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -160,15 +160,10 @@ def _pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
-                           attend: Attend = cudnn_attend, query_bucket: int = 1, prefix_cell: int = 0) -> torch.Tensor:
+                           attend: Attend = cudnn_attend, query_bucket: int = 1) -> torch.Tensor:
     """The chunk's attention as an unmasked part (the chunk over the ``start`` prefix keys) and a causal part
     (the chunk over its own T keys), merged by :func:`merge_partial_attention`; one ``attend`` call where a part
     is empty (``start == 0``, or T == 1: no mask at all).
-
-    With ``prefix_cell`` > 0 a prefix that does not end on a multiple of it is attended as two unmasked parts, its
-    whole cells and the rest, and the three parts are merged (in float32, then cast). The engine passes its prefill
-    chunk: a chunk cut at a shared prefix's end (``decode.engine.PREFIX_BLOCK``) then shows cuDNN key lengths that
-    are multiples of the chunk plus a few short rests, not a new key length, and a new execution graph, per cut.
 
     With ``query_bucket`` > 1 a chunk of T queries whose T is not a multiple of it is padded at its end with zero
     queries (and, in the causal part, zero keys and values) up to the next multiple, and the padding's outputs
@@ -181,21 +176,18 @@ def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
         q: [B, H, T, d_qk]. k: [B, G, S, d_qk]. v: [B, G, S, d_V]. G divides H. scale: softmax scale.
         start: S - T (>= 0). attend: (q, k, v, causal, scale) -> (out, lse), as :func:`cudnn_attend`.
         query_bucket: pad T up to a multiple of this (1: never pad; T == 1 is never padded).
-        prefix_cell: split a prefix that ends between multiples of this (0: never split).
 
     Returns:
         [B, H, T, d_V].
 
     Raises:
-        ValueError: ``start`` is not S - T, ``query_bucket`` < 1 or ``prefix_cell`` < 0.
+        ValueError: ``start`` is not S - T, or ``query_bucket`` < 1.
     """
     T, S = q.shape[-2], k.shape[-2]
     if start != S - T:
         raise ValueError(f"start={start} but the keys hold {S} tokens for a {T}-token chunk (expected {S - T})")
     if query_bucket < 1:
         raise ValueError(f"query_bucket must be >= 1, got {query_bucket}")
-    if prefix_cell < 0:
-        raise ValueError(f"prefix_cell must be >= 0, got {prefix_cell}")
     if T == 1:
         return attend(q, k, v, False, scale)[0]
     padded = -(-T // query_bucket) * query_bucket
@@ -206,16 +198,8 @@ def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     out_b, lse_b = attend(qp, k_own, v_own, True, scale)
     if start == 0:
         return out_b[..., :T, :]
-    cut = start // prefix_cell * prefix_cell if prefix_cell else 0
-    if not 0 < cut < start:
-        out_a, lse_a = attend(qp, k[:, :, :start], v[:, :, :start], False, scale)
-        return merge_partial_attention(out_a, lse_a, out_b, lse_b)[..., :T, :]
-    out_a, lse_a = attend(qp, k[:, :, :cut], v[:, :, :cut], False, scale)
-    out_r, lse_r = attend(qp, k[:, :, cut:start], v[:, :, cut:start], False, scale)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    prefix = merge_partial_attention(out_a.to(acc), lse_a, out_r, lse_r)
-    lse_prefix = torch.logaddexp(lse_a.to(acc), lse_r.to(acc))
-    return merge_partial_attention(prefix, lse_prefix, out_b, lse_b)[..., :T, :].to(q.dtype)
+    out_a, lse_a = attend(qp, k[:, :, :start], v[:, :, :start], False, scale)
+    return merge_partial_attention(out_a, lse_a, out_b, lse_b)[..., :T, :]
 
 
 @functools.cache
@@ -266,7 +250,7 @@ def _refused(q: torch.Tensor, v: torch.Tensor, exc: RuntimeError) -> None:
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, start: int,
-                     pad_values: bool = True, backend: str = "auto", prefix_cell: int = 0) -> torch.Tensor:
+                     pad_values: bool = True, backend: str = "auto") -> torch.Tensor:
     """Causal attention of a chunk over a cached prefix plus itself (chunked prefill; module docstring).
 
     Args:
@@ -274,8 +258,6 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         scale: softmax scale (None: 1 / sqrt(d_qk), SDPA's default). start: S - T, tokens already cached (>= 0).
         pad_values: for ``sdpa`` on GPU, zero-pad V to the q/k width (:func:`sdpa_prefix_attention`).
         backend: "auto", "sdpa" or "cudnn_split".
-        prefix_cell: for ``cudnn_split``, split a prefix that ends between multiples of this
-            (:func:`split_prefix_attention`; 0: never). The engine passes its prefill chunk.
 
     Returns:
         [B, H, T, d_V].
@@ -300,8 +282,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         if why:
             raise ValueError(f"prefill attention backend cudnn_split cannot run here: {why}; use 'sdpa'")
         try:
-            return split_prefix_attention(q, k, v, scale, start, query_bucket=CUDNN_QUERY_BUCKET,
-                                          prefix_cell=prefix_cell)
+            return split_prefix_attention(q, k, v, scale, start, query_bucket=CUDNN_QUERY_BUCKET)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as exc:

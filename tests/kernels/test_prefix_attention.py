@@ -76,36 +76,10 @@ def test_padded_queries_give_the_unpadded_attention_and_bucketed_shapes(T, S):
     assert shapes == want
 
 
-@pytest.mark.parametrize("T,S,cell", [(3, 9, 4), (5, 11, 4), (4, 12, 4), (2, 5, 8), (6, 13, 3)])
-def test_a_prefix_between_cells_is_attended_as_whole_cells_and_the_rest(T, S, cell):
-    """A prefix of S - T keys that does not end on a multiple of ``cell`` is attended as its whole cells and the
-    rest (three parts merged); equal to the per-query float64 loop, and the back end sees only key lengths that are
-    multiples of the cell, the rest and the diagonal."""
-    q, k, v = _inputs(1, 4, 2, T, S, 8, 6, seed=4)
-    scale = 1 / math.sqrt(8)
-    shapes = []
-
-    def attend(q, k, v, causal, scale):
-        shapes.append((k.shape[-2], causal))
-        return math_attend(q, k, v, causal, scale)
-
-    out = split_prefix_attention(q, k, v, scale, S - T, attend=attend, prefix_cell=cell)
-    assert torch.allclose(out, _loop_reference(q, k, v, scale, S - T), atol=1e-12, rtol=0)
-    start = S - T
-    cut = start // cell * cell
-    want = [(T, True)] + ([(cut, False), (start - cut, False)] if 0 < cut < start else [(start, False)])
-    assert shapes == want
-    single = split_prefix_attention(q.float(), k.float(), v.float(), scale, start, attend=math_attend, prefix_cell=cell)
-    assert single.dtype == torch.float32
-    assert torch.allclose(single.double(), out, atol=1e-5, rtol=0)
-
-
 def test_split_refuses_a_query_bucket_below_one():
     q, k, v = _inputs(1, 2, 1, 3, 7, 4, 4)
     with pytest.raises(ValueError, match="query_bucket must be >= 1, got 0"):
         split_prefix_attention(q, k, v, 1.0, 4, attend=math_attend, query_bucket=0)
-    with pytest.raises(ValueError, match="prefix_cell must be >= 0"):
-        split_prefix_attention(q, k, v, 1.0, 4, attend=math_attend, prefix_cell=-1)
 
 
 def test_math_attend_log_sum_exp_is_the_scores_log_normaliser():
@@ -208,10 +182,6 @@ def test_cudnn_split_matches_sdpa_and_float64_on_cuda(T, S, d_qk, d_v):
     sdpa = prefix_attention(q, k, v, scale, S - T, backend="sdpa")
     err_cudnn, err_sdpa = (cud.double() - ref).abs().max().item(), (sdpa.double() - ref).abs().max().item()
     assert err_cudnn < 2e-2 and err_cudnn <= 2 * err_sdpa + 1e-3, (err_cudnn, err_sdpa)
-    # the prefix split at cells of 512 (three parts where it ends between them: 768 and 700 prefix keys)
-    cells = prefix_attention(q, k, v, scale, S - T, backend="cudnn_split", prefix_cell=512)
-    err_cells = (cells.double() - ref).abs().max().item()
-    assert err_cells < 2e-2 and err_cells <= 2 * err_sdpa + 1e-3, (err_cells, err_sdpa)
     out, lse = cudnn_attend(q, k[:, :, : S - T or S], v[:, :, : S - T or S], False, scale)
     _, lse_ref = math_attend(q.double(), k[:, :, : S - T or S].double(), v[:, :, : S - T or S].double(), False, scale)
     assert lse.dtype == torch.float32 and torch.allclose(lse.double(), lse_ref, atol=2e-2)
