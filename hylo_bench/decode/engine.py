@@ -43,8 +43,8 @@ DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read i
 # Prefix sharing's granularity (tokens; Engine.prefix_block is this or the prefill chunk, whichever is smaller). A kept
 # length off the chunk grid cuts its chunk in two, and the two pieces are attention shapes of their own: cuDNN builds a
 # few execution graphs per distinct cut length, once per process (kernels/prefix_attention.py). 4096 bounds those
-# lengths to 15 up to 64K while sharing most of what single tokens would: RULER 64K, demo tokenizer, 24 samples of
-# niah_single_1: 606,208 of 1,565,791 prompt tokens shared at 16K, 757,760 at 4K, 799,651 at 1.
+# lengths to 12 below 64K (16K chunks) while sharing most of what single tokens would: RULER 64K, demo tokenizer,
+# 24 samples of niah_single_1: 606,208 of 1,565,791 prompt tokens shared at 16K, 757,760 at 4K, 799,651 at 1.
 PREFIX_BLOCK = 4096
 
 
