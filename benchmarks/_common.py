@@ -1,10 +1,11 @@
-"""Shared helpers for GPU benchmark scripts: the results envelope and an atomic writer."""
+"""Shared helpers for GPU benchmark scripts: the results envelope, an atomic writer and CUDA-event timing."""
 
 from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata as md
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -28,3 +29,22 @@ def result_envelope(benchmark: str) -> dict:
 def write_result(path: Path, obj: dict) -> None:
     """Write a benchmark result JSON atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def call_times(fn, reps: int, cuda: bool) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn``: between two CUDA events on the current stream (``cuda``), else
+    by the wall clock. No warm-up here: call ``fn`` first where it compiles or tunes."""
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return times

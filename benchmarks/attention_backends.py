@@ -41,7 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result_envelope, write_result  # noqa: E402
+from _common import call_times, result_envelope, write_result  # noqa: E402
 
 from hylo_bench.kernels.prefix_attention import prefix_attention  # noqa: E402
 
@@ -85,21 +85,9 @@ def run_point(backend: str, mask: str, gqa: bool, pad: bool, T: int, S: int, sha
                                                   enable_gqa=gqa)
 
         switch = contextlib.nullcontext() if backend.startswith("prefix:") else sdpa_kernel([BACKENDS[backend]])
-        times = []
         with switch, torch.inference_mode():
             call()  # warm-up (and the back end's refusal, if any)
-            for _ in range(repeats):
-                if device == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    call()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) / 1e3)
-                else:
-                    t0 = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - t0)
+            times = call_times(call, repeats, cuda=device == "cuda")
             if device == "cuda":
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     call()

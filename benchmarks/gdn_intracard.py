@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result_envelope, write_result  # noqa: E402
+from _common import call_times, result_envelope, write_result  # noqa: E402
 
 H, K, V = 6, 256, 512  # the Qwen3-1.7B-shaped 7MLA21GDN recipe's GDN heads and head dims
 
@@ -67,14 +67,7 @@ def _time(inp: dict, intracard: bool, reps: int) -> tuple[float, float, tuple]:
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     _call(inp, intracard)
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        _call(inp, intracard)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+    times = call_times(lambda: _call(inp, intracard), reps, cuda=True)
     return statistics.median(times), first, out
 
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result_envelope, write_result  # noqa: E402
+from _common import call_times, result_envelope, write_result  # noqa: E402
 
 VARIANTS = ("six", "merged", "aligned3", "padded")
 
@@ -92,20 +91,7 @@ def time_call(fn, x: torch.Tensor, reps: int) -> float:
     """Median seconds of ``reps`` calls after two warm-up calls (CUDA events on CUDA, wall clock on CPU)."""
     for _ in range(2):
         fn(x)
-    times = []
-    for _ in range(reps):
-        if x.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(x)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn(x)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(call_times(lambda: fn(x), reps, cuda=x.is_cuda))
 
 
 def main() -> None:

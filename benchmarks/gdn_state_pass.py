@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import result_envelope, write_result
+    from _common import call_times, result_envelope, write_result
     from fla.ops.common import chunk_delta_h
 
     t_start = time.monotonic()
@@ -91,16 +91,8 @@ def main(argv: list[str] | None = None) -> None:
             config_file.write_text(json.dumps(config_json(*config)))
 
     def timed(fn, reps: int) -> tuple[float, float]:
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
+        fn()  # compiles (a new config) or autotunes
+        times = call_times(fn, reps, cuda=True)
         return statistics.median(times), min(times)
 
     def inputs(T: int):
