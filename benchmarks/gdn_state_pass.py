@@ -6,8 +6,9 @@ in one program per (head, block of BV value columns): 6 heads x 512 / BV program
 7MLA21GDN (K = 256, V = 512), 48 at BV = 64 and 96 at BV = 32 (its autotuner's two choices on Hopper) on the H200's
 132 SMs. In the H200 prefill profile it took 53 ms of a 64K prompt's 0.73 s (``prefill_shapes_glue.json``). The
 configurations are set through fla's own config cache, read on every call in ``FLA_CACHE_MODE=always`` (a
-``{kernel}.json`` with a ``default_config`` under ``$FLA_CONFIG_DIR``; ``fla/ops/utils/cache.py``), so nothing of
-fla is patched; both variables must be set before fla is imported, which this script does.
+``{kernel}.json`` with a ``default_config`` under ``$FLA_CONFIG_DIR``, here a new temporary directory;
+``fla/ops/utils/cache.py``), so nothing of fla is patched; both variables must be set before fla is imported, which
+this script does.
 
 Records (``benchmarks/results/gdn_state_pass.json``, rewritten after each):
 
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip the prefill points after this many seconds")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gdn_state_pass.json")
     args = ap.parse_args(argv)
-    config_dir = Path(os.environ.setdefault("FLA_CONFIG_DIR", tempfile.mkdtemp(prefix="fla-configs-")))
+    # a directory of this run's own: the script writes and deletes the kernel's config file there, so a config dir
+    # of the user's (a set $FLA_CONFIG_DIR) is never touched
+    config_dir = Path(tempfile.mkdtemp(prefix="fla-configs-"))
+    os.environ["FLA_CONFIG_DIR"] = str(config_dir)
     if os.environ.setdefault("FLA_CACHE_MODE", "always") != "always":
         raise SystemExit(f"FLA_CACHE_MODE={os.environ['FLA_CACHE_MODE']!r}: this script needs 'always' (or unset)")
     import torch

@@ -288,7 +288,8 @@ def main() -> None:
                    "prefill_streams": getattr(greedy, "PREFILL_STREAMS", None) if hybrid else None,
                    "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
                    "decode_row_multiple": batching.DECODE_ROW_MULTIPLE if hybrid else None,
-                   "prefix_block": min(engine_mod.PREFIX_BLOCK, chunk or PREFILL_CHUNK_TOKENS) if hybrid else None}
+                   "prefix_block": (engine_mod.default_prefix_block(chunk or PREFILL_CHUNK_TOKENS) if hybrid
+                                    else None)}
             try:
                 out = evaluate_model(model, tok, info, cfg)
                 torch.cuda.synchronize()

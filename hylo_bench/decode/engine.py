@@ -48,6 +48,12 @@ DEFAULT_FUSED_GEMVS = ("in", "out", "gate_up", "down")  # lm_head: cuBLAS read i
 PREFIX_BLOCK = 4096
 
 
+def default_prefix_block(prefill_chunk: int) -> int:
+    """An :class:`Engine`'s prefix block when none is given: :data:`PREFIX_BLOCK` or ``prefill_chunk`` (tokens),
+    whichever is smaller."""
+    return min(PREFIX_BLOCK, prefill_chunk)
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RowPrefix:
     """A prompt prefix kept by :meth:`Engine.prefill_row_shared` for a later prompt that starts with it.
@@ -329,7 +335,7 @@ class Engine(_EngineBase):
         max_context: cache capacity in tokens (prompt + new tokens - 1).
         prefill_chunk: tokens per prefill chunk (bounds activation memory).
         prefix_block: granularity of prefix sharing (:meth:`prefill_row_shared`; tokens, default the smaller of
-            :data:`PREFIX_BLOCK` and ``prefill_chunk``).
+            :data:`PREFIX_BLOCK` and ``prefill_chunk``: :func:`default_prefix_block`).
         cuda_graphs: capture the decode step in a CUDA graph (CUDA only; ignored with a warning on CPU).
         mla_decode_backend: "auto", "torch" or "triton" (:func:`hylo_bench.kernels.mla_decode.mla_decode`).
         gdn_decode_backend: "auto", "torch", "fla" or "triton" (the whole token in one kernel, the CUDA default;
@@ -396,7 +402,7 @@ class Engine(_EngineBase):
             raise ValueError(f"Engine serves HyLoForCausalLM models; got {type(model).__name__}. Use "
                              f"TransformerEngine (or make_engine) for a plain transformer")
         super().__init__(model, max_batch, max_context, prefill_chunk)
-        self.prefix_block = min(PREFIX_BLOCK, prefill_chunk) if prefix_block is None else prefix_block
+        self.prefix_block = default_prefix_block(prefill_chunk) if prefix_block is None else prefix_block
         if self.prefix_block < 1:
             raise ValueError(f"Engine prefix_block must be >= 1; got {prefix_block}")
         if cuda_graphs and self.device.type != "cuda":
