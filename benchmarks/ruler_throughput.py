@@ -81,14 +81,15 @@ def build_hybrid():
 class HostTimers:
     """Seconds of two host costs inside ``evaluate_model``, for the records' ``other_s`` split: building engines
     (``hylo_bench.decode.engine.make_engine``, caches included) and waiting for prompts' token ids
-    (``PromptEncoder.submit(...).result()``). Installed by wrapping those two public entry points."""
+    (``PromptEncoder.submit(...).result()`` and ``submit_many``'s). Installed by wrapping those public entry points."""
 
     def __init__(self) -> None:
         import hylo_bench.decode.engine as engine_mod
         from hylo_bench.tasks.ruler import runner
 
         self.engine_build_s = self.encode_wait_s = 0.0
-        make, submit = engine_mod.make_engine, runner.PromptEncoder.submit
+        make = engine_mod.make_engine
+        submit, submit_many = runner.PromptEncoder.submit, runner.PromptEncoder.submit_many
         timers = self
 
         def timed_make(*a, **kw):
@@ -114,6 +115,7 @@ class HostTimers:
 
         engine_mod.make_engine = timed_make
         runner.PromptEncoder.submit = lambda enc, prompt: TimedFuture(submit(enc, prompt))
+        runner.PromptEncoder.submit_many = lambda enc, prompts: [TimedFuture(f) for f in submit_many(enc, prompts)]
 
     def take(self) -> dict:
         out = {"host_engine_build_s": round(self.engine_build_s, 3), "host_encode_wait_s": round(self.encode_wait_s, 3)}

@@ -22,6 +22,10 @@ class _Tok:
         return _Tok(self.log, self.events, self.copy_no + 1)
 
     def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        if isinstance(prompt, list):  # a batch: one entry per prompt, as a tokenizer's batch call returns
+            class Batch:
+                input_ids = [self(p).input_ids for p in prompt]
+            return Batch()
         self.log.append((prompt, self.copy_no, threading.current_thread().name))
         if prompt in self.events:
             self.events[prompt].set()
@@ -79,6 +83,8 @@ class _CountingTok(_Tok):
         return twin
 
     def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        if isinstance(prompt, list):
+            return super().__call__(prompt)  # each entry through this method
         if self.barrier is not None:
             self.barrier.wait(timeout=5)  # BrokenBarrierError unless another thread encodes at the same time
         self.log.append((prompt, id(self), threading.current_thread().name))
@@ -129,6 +135,8 @@ class _GatedTok(_Tok):
         return self
 
     def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        if isinstance(prompt, list):
+            return super().__call__(prompt)
         if prompt == "ab" and not self.gate.is_set():
             assert self.gate.wait(timeout=5)
         return super().__call__(prompt, add_special_tokens, verbose)
@@ -158,7 +166,7 @@ def test_the_next_tasks_first_prompts_are_tokenised_while_this_task_decodes(tmp_
     vt_prompts = {generate_sample("ruler_vt", tok, 1024, i, cfg.seed)["prompt"] for i in range(2)}
     vt_encoded = threading.Event()
     encoded: list[str] = []
-    real = R.encode_prompt
+    real, real_many = R.encode_prompt, R.encode_prompts
 
     def spy(tokenizer, prompt, chat_template):
         ids = real(tokenizer, prompt, chat_template)
@@ -167,7 +175,15 @@ def test_the_next_tasks_first_prompts_are_tokenised_while_this_task_decodes(tmp_
             vt_encoded.set()
         return ids
 
+    def spy_many(tokenizer, prompts, chat_template):  # a task's first batch
+        ids = real_many(tokenizer, prompts, chat_template)
+        encoded.extend(prompts)
+        if vt_prompts & set(prompts):
+            vt_encoded.set()
+        return ids
+
     monkeypatch.setattr(R, "encode_prompt", spy)
+    monkeypatch.setattr(R, "encode_prompts", spy_many)
 
     class WaitingLM(DyingLM):
         waited: list[bool] = []
@@ -188,3 +204,68 @@ def test_the_next_tasks_first_prompts_are_tokenised_while_this_task_decodes(tmp_
                                                                               batch_size=2),
                                        console=_quiet())["scores"][task]
     assert out["scores"] == alone
+
+
+def test_batch_encoding_gives_each_prompts_own_ids():
+    """One tokenizer call over prompts of different lengths (no padding, no truncation) equals one call each, with and
+    without the special tokens; the tokenizer has a pad token, so padding would show."""
+    tok = build_small_tokenizer()
+    prompts = [generate_sample(task, tok, 1024, i, 7)["prompt"] for task in ("niah_single_1", "ruler_vt")
+               for i in range(2)] + ["x"]
+    for chat_template in (False, True):
+        want = [R.encode_prompt(tok, p, chat_template) for p in prompts]
+        assert R.encode_prompts(tok, prompts, chat_template) == want
+        assert len({len(x) for x in want}) > 1 and all(type(t) is int for x in want for t in x)
+    assert R.encode_prompts(tok, [], False) == []
+
+
+class _BatchLog(_Tok):
+    """Records each batch call (the prompts in it); raises for a batch holding "boom"."""
+
+    def __init__(self, batches: list):
+        super().__init__([], {})
+        self.batches = batches
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __call__(self, prompt, add_special_tokens=True, verbose=False):
+        if isinstance(prompt, list):
+            self.batches.append(list(prompt))
+            if "boom" in prompt:
+                raise ValueError("cannot encode boom")
+        return super().__call__(prompt)
+
+
+def test_submit_many_splits_the_unprefetched_prompts_into_one_batch_per_worker():
+    batches: list = []
+    with R.PromptEncoder(_BatchLog(batches), chat_template=False, workers=3) as enc:
+        enc.prefetch(["cc"])
+        ahead = enc._ahead["cc"]
+        futures = enc.submit_many(["a", "bb", "cc", "d", "ee", "f", "gg"])
+        assert futures[2] is ahead  # the prefetched one is reused, not encoded again
+        assert [f.result(timeout=5) for f in futures] == [[ord(c) for c in p]
+                                                         for p in ["a", "bb", "cc", "d", "ee", "f", "gg"]]
+        assert sorted(batches) == [["a", "bb"], ["d", "ee"], ["f", "gg"]]  # 6 prompts over 3 workers, in order
+        batches.clear()
+        two = enc.submit_many(["x", "y"])  # fewer prompts than workers: one batch each
+        assert [f.result(timeout=5) for f in two] == [[ord("x")], [ord("y")]] and sorted(batches) == [["x"], ["y"]]
+        assert enc.submit_many([]) == []
+
+
+def test_submit_many_hands_an_error_to_its_batchs_futures_and_skips_cancelled_prompts():
+    batches: list = []
+    gate = threading.Event()
+    with R.PromptEncoder(_BatchLog(batches), chat_template=False, workers=1) as enc:
+        blocker = enc._pool.submit(gate.wait, 5)  # the one worker is busy: the batches below wait in the queue
+        failing = enc.submit_many(["ok", "boom"])
+        later = enc.submit_many(["p", "q"])
+        assert later[0].cancel()
+        gate.set()
+        blocker.result(timeout=5)
+        for fut in failing:
+            with pytest.raises(ValueError, match="cannot encode boom"):
+                fut.result(timeout=5)
+        assert later[1].result(timeout=5) == [ord("q")]
+        assert later[0].cancelled()
+    assert batches == [["ok", "boom"], ["q"]]  # the cancelled prompt was never encoded

@@ -41,7 +41,7 @@ from hylo_bench.tasks.ruler import predictions as pred_store
 from hylo_bench.tasks.ruler.cache import GENERATOR_VERSION, cache_path, load_or_generate, text_hash, tokenizer_hash
 from hylo_bench.tasks.ruler.qa import QA_SOURCES, load_qa, locate_qa_file
 from hylo_bench.tasks.ruler.registry import check_flavor, check_lm_eval_tasks, get_task, list_tasks
-from hylo_bench.tasks.ruler.sampling import encode_prompt, fitted_size
+from hylo_bench.tasks.ruler.sampling import encode_prompt, encode_prompts, fitted_size
 from hylo_bench.tasks.ruler.scoring import mean_score, task_score, weighted_averages
 from hylo_bench.text.haystack import read_haystack_text
 
@@ -283,6 +283,35 @@ class PromptEncoder:
             return ahead
         return self._pool.submit(lambda: encode_prompt(self._local.tokenizer, prompt, self.chat_template))
 
+    def submit_many(self, prompts: Sequence[str]) -> list[Future]:
+        """:meth:`submit` of each prompt, for prompts the caller is about to wait for (the GPU idle meanwhile): those
+        no :meth:`prefetch` started are split into one batch per worker (:func:`encode_prompts`), which a fast
+        tokenizer spreads over every CPU core instead of one core per worker. A future cancelled before its batch
+        starts is dropped; the rest of its batch is still encoded."""
+        futures: list[Future | None] = [self._ahead.pop(p, None) for p in prompts]
+        todo = [i for i, fut in enumerate(futures) if fut is None]
+        groups = min(self.workers, len(todo))
+        for g in range(groups):
+            part = todo[g * len(todo) // groups : (g + 1) * len(todo) // groups]
+            outs = [Future() for _ in part]
+            for i, out in zip(part, outs):
+                futures[i] = out
+            self._pool.submit(self._encode_into, [prompts[i] for i in part], outs)
+        return futures  # type: ignore[return-value]
+
+    def _encode_into(self, prompts: list[str], outs: list[Future]) -> None:
+        live = [(p, out) for p, out in zip(prompts, outs) if out.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            ids = encode_prompts(self._local.tokenizer, [p for p, _ in live], self.chat_template)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller through its futures
+            for _, out in live:
+                out.set_exception(e)
+            return
+        for (_, out), x in zip(live, ids):
+            out.set_result(x)
+
     def prefetch(self, prompts: Sequence[str]) -> None:
         """Start encoding ``prompts`` now, queued behind the work already submitted, for a later :meth:`submit`.
 
@@ -319,8 +348,9 @@ def _predict(
 
     The prompts of this batch and the next are tokenised on ``encoder``'s worker threads (a one-thread
     :class:`PromptEncoder` of ``tokenizer`` for this call when None), so the next batch's prompts are ready when
-    this one has decoded; only the first batch waits for its own prompts, and not even that when an earlier call
-    passed them as its ``lookahead``: prompts of the next call (the next task or length) that ``encoder`` starts
+    this one has decoded; only the first batch waits for its own prompts (encoded in batches,
+    :meth:`PromptEncoder.submit_many`), and not even that when an earlier call passed them as its ``lookahead``:
+    prompts of the next call (the next task or length) that ``encoder`` starts
     encoding (:meth:`PromptEncoder.prefetch`) once this call's first prompts are queued, so the GPU does not idle
     between tasks while they are tokenised.
 
@@ -333,13 +363,15 @@ def _predict(
     own = encoder is None
     enc = PromptEncoder(tokenizer, cfg.chat_template) if own else encoder
 
-    def ensure(lo: int, hi: int) -> None:
-        for i in range(lo, min(hi, len(samples))):
-            if i not in encoded:
-                encoded[i] = enc.submit(samples[i]["prompt"])
+    def ensure(lo: int, hi: int, waited_for_now: bool = False) -> None:
+        todo = [i for i in range(lo, min(hi, len(samples))) if i not in encoded]
+        prompts = [samples[i]["prompt"] for i in todo]
+        futures = enc.submit_many(prompts) if waited_for_now else [enc.submit(p) for p in prompts]
+        encoded.update(zip(todo, futures))
 
     try:
-        ensure(0, 2 * size)
+        ensure(0, size, waited_for_now=True)  # nothing decodes until these are encoded: on every core
+        ensure(size, 2 * size)
         if lookahead:
             enc.prefetch(lookahead)  # queued behind this call's first prompts
         while start < len(samples):

@@ -14,7 +14,7 @@ import logging
 import math
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hylo_bench.tasks.ruler.generators import VT_EXAMPLE_BUDGET_TOKENS, BuildContext, Built, build, vt_text
 from hylo_bench.tasks.ruler.qa import DOCUMENT_TEMPLATE, QAData, fill_candidates, load_qa
@@ -69,6 +69,16 @@ def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]
     # verbose=False: sizing probes may run past the tokenizer's model_max_length; they are measured, never fed
     # to the model (check_lengths bounds what is), so transformers' "indexing errors" warning would be false
     return list(tokenizer(prompt, add_special_tokens=not chat_template, verbose=False).input_ids)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str], chat_template: bool) -> list[list[int]]:
+    """:func:`encode_prompt` of each prompt, in one call of the tokenizer: a fast tokenizer encodes a batch on all
+    CPU cores (its Rust thread pool, without the GIL), one prompt at a time on one. No padding or truncation, so
+    the ids are each prompt's own."""
+    if not prompts:
+        return []
+    return [list(ids) for ids in tokenizer(list(prompts), add_special_tokens=not chat_template,
+                                           verbose=False).input_ids]
 
 
 def sizing_tokens(tokenizer: Any, prompt: str, chat_template: bool, flavor: str) -> int:
