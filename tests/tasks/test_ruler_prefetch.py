@@ -269,3 +269,36 @@ def test_submit_many_hands_an_error_to_its_batchs_futures_and_skips_cancelled_pr
         assert later[1].result(timeout=5) == [ord("q")]
         assert later[0].cancelled()
     assert batches == [["ok", "boom"], ["q"]]  # the cancelled prompt was never encoded
+
+
+def test_a_continuous_batching_decoder_takes_its_requests_per_call_and_each_call_is_saved():
+    """``requests_per_call`` already counts every slot (``NativeDecoder``: 4 per slot); a 500-sample task on 32 slots
+    once went to the decoder as one call of all 500 (32 x 128 per call), so nothing was saved until the task ended."""
+    from hylo_bench.decode.greedy import NativeDecoder
+
+    class Slots:
+        requests_per_call = NativeDecoder.requests_per_call  # the real property, on a stub's batch_size
+        batch_size = 2
+
+        def __init__(self):
+            self.calls: list[int] = []
+
+        def __call__(self, ids, max_new):
+            self.calls.append(len(ids))
+            return ["".join(map(chr, x)) for x in ids]
+
+    samples = [{"prompt": f"p{i}", "index": i} for i in range(19)]
+    cfg = R.RulerConfig(model="m", lengths=[1024], tasks=["niah_single_1"], samples=19, results_dir="r", batch_size=2)
+    decode, saved = Slots(), []
+    assert R.prompts_per_call(decode, cfg) == 8
+    R._predict(decode, _Tok([], {}), samples, cfg, 8, lambda b, p: saved.append([s["index"] for s in b]))
+    assert decode.calls == [8, 8, 3]
+    assert saved == [list(range(8)), list(range(8, 16)), [16, 17, 18]]
+
+    def plain(ids, max_new):  # a decoder without requests_per_call: cfg.batch_size prompts a call
+        plain.calls.append(len(ids))
+        return ["" for _ in ids]
+
+    plain.calls = []
+    R._predict(plain, _Tok([], {}), samples[:5], cfg, 8, lambda b, p: None)
+    assert plain.calls == [2, 2, 1] and R.prompts_per_call(plain, cfg) == 2

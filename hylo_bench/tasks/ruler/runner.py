@@ -337,14 +337,19 @@ class PromptEncoder:
         self.close()
 
 
+def prompts_per_call(decode: Decoder, cfg: RulerConfig) -> int:
+    """Prompts per call of ``decode``, and so per saved batch of predictions: the decoder's ``requests_per_call``
+    when it has one (a continuous-batching decoder takes several prompts per slot, so refilled slots keep the batch
+    full), else ``cfg.batch_size``."""
+    return getattr(decode, "requests_per_call", None) or cfg.batch_size
+
+
 def _predict(
     decode: Decoder, tokenizer: Any, samples: list[dict], cfg: RulerConfig, max_new: int,
     on_batch: Callable[[list[dict], list[str]], None], encoder: PromptEncoder | None = None,
     lookahead: Sequence[str] = (),
 ) -> None:
-    """Decode ``samples`` in batches of ``cfg.batch_size`` (times the decoder's ``requests_per_call``, when it has
-    one: a continuous-batching decoder keeps its slots full over several prompts per slot); ``on_batch(batch,
-    predictions)`` after each batch.
+    """Decode ``samples`` in batches of :func:`prompts_per_call`; ``on_batch(batch, predictions)`` after each batch.
 
     The prompts of this batch and the next are tokenised on ``encoder``'s worker threads (a one-thread
     :class:`PromptEncoder` of ``tokenizer`` for this call when None), so the next batch's prompts are ready when
@@ -358,7 +363,7 @@ def _predict(
     smaller size), down to one sample; the out-of-memory error of a single sample is raised. On any error the
     prompts not yet tokenised are dropped.
     """
-    size, start = cfg.batch_size * getattr(decode, "requests_per_call", 1), 0
+    size, start = prompts_per_call(decode, cfg), 0
     encoded: dict[int, Future] = {}
     own = encoder is None
     enc = PromptEncoder(tokenizer, cfg.chat_template) if own else encoder
@@ -741,7 +746,7 @@ def evaluate_model(
     scores: dict[str, dict[str, float]] = {}
     encoder = PromptEncoder(tokenizer, cfg.chat_template, encode_workers())
     plan = [(length, task) for length in cfg.lengths for task in cfg.tasks]
-    first_call = cfg.batch_size * getattr(decode, "requests_per_call", 1)  # prompts _predict's first batch takes
+    first_call = prompts_per_call(decode, cfg)  # prompts _predict's first batch takes
     with _progress(console, disable=not lead) as progress, encoder:
         bar = progress.add_task("ruler", total=len(plan) * cfg.samples)
 
